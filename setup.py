@@ -1,0 +1,42 @@
+"""Build and install specdec_plugin: the Python package plus the C++ extension in csrc/."""
+from __future__ import annotations
+
+import glob
+import os
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _extensions():
+    sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+    if not sources:
+        return [], {}
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+    ext = CppExtension(
+        name="specdec_plugin._C",
+        sources=sources,
+        extra_compile_args=["-O3", "-std=c++17"],
+    )
+    return [ext], {"build_ext": BuildExtension.with_options(use_ninja=False)}
+
+
+ext_modules, cmdclass = _extensions()
+
+setup(
+    name="specdec_plugin",
+    version="0.1.0",
+    description="Speculative-decoding hardware platform plugin for vLLM 0.26.0",
+    packages=find_packages(include=["specdec_plugin", "specdec_plugin.*"]),
+    package_data={"specdec_plugin": ["assets/**/*"]},
+    python_requires=">=3.10",
+    install_requires=["vllm==0.26.0", "gguf", "openai"],
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+    entry_points={
+        "vllm.platform_plugins": ["specdec = specdec_plugin:register"],
+        "console_scripts": ["specdec-models = specdec_plugin.models.cli:main"],
+    },
+)

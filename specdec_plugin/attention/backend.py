@@ -1,0 +1,55 @@
+"""The attention backend vLLM selects on our platform, registered as ``CUSTOM``.
+
+KV cache layout: ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (K then V), so each
+of K and V is the ``[num_blocks, block_size, num_kv_heads, head_size]`` tensor our kernels take.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from vllm.v1.attention.backend import AttentionBackend, AttentionType, MultipleOf
+
+from specdec_plugin.attention.impl import SpecDecAttentionImpl
+from specdec_plugin.attention.metadata import SpecDecAttentionMetadataBuilder
+
+
+class SpecDecAttentionBackend(AttentionBackend):
+    accept_output_buffer: bool = True
+    forward_includes_kv_cache_update: bool = False
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
+
+    @staticmethod
+    def get_name() -> str:
+        # vLLM looks the name up in AttentionBackendEnum; CUSTOM is the out-of-tree slot.
+        return "CUSTOM"
+
+    @staticmethod
+    def get_impl_cls() -> type[SpecDecAttentionImpl]:
+        return SpecDecAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[SpecDecAttentionMetadataBuilder]:
+        return SpecDecAttentionMetadataBuilder
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+                           cache_dtype_str: str = "auto") -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+        return [MultipleOf(16)]
+
+    @classmethod
+    def supports_head_size(cls, head_size: int) -> bool:
+        return head_size % 8 == 0 and head_size <= 256
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supports_compute_capability(cls, capability) -> bool:
+        return True

@@ -1,0 +1,63 @@
+"""The attention layer implementation: writes new K/V into the paged cache and runs paged
+attention, both through the kernel registry (our Triton kernels on GPUs, torch on CPU)."""
+from __future__ import annotations
+
+import torch
+from vllm.platforms import current_platform
+from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionType
+
+from specdec_plugin.attention.metadata import SpecDecAttentionMetadata
+from specdec_plugin.ops.registry import get_kernel
+
+
+class SpecDecAttentionImpl(AttentionImpl[SpecDecAttentionMetadata]):
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int | None = None,
+                 alibi_slopes: list[float] | None = None, sliding_window: int | None = None,
+                 kv_cache_dtype: str = "auto", logits_soft_cap: float | None = None,
+                 attn_type: str = AttentionType.DECODER,
+                 kv_sharing_target_layer_name: str | None = None, **extra) -> None:
+        # The config checks reject these models up front; this is the last line of defence
+        # for a layer that reaches us anyway (e.g. a drafter with its own config).
+        unsupported = {
+            "alibi_slopes": alibi_slopes is not None,
+            "sliding_window": sliding_window is not None,
+            "logits_soft_cap": bool(logits_soft_cap),
+            "attn_type": attn_type != AttentionType.DECODER,
+            "sinks": extra.get("sinks") is not None,
+        }
+        bad = [name for name, present in unsupported.items() if present]
+        if bad:
+            raise NotImplementedError(f"specdec_plugin attention does not support {', '.join(bad)}")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.attn_type = attn_type
+        providers = current_platform.device.kernel_providers
+        self._attention = get_kernel("paged_attention", providers)
+        self._write_cache = get_kernel("reshape_and_cache", providers)
+
+    def do_kv_cache_update(self, layer: AttentionLayer, key: torch.Tensor, value: torch.Tensor,
+                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        key_cache, value_cache = kv_cache.unbind(0)
+        self._write_cache(key, value, key_cache, value_cache, slot_mapping)
+
+    def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor,
+                value: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: SpecDecAttentionMetadata, output: torch.Tensor,
+                output_scale: torch.Tensor | None = None,
+                output_block_scale: torch.Tensor | None = None) -> torch.Tensor:
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("specdec_plugin attention has no fused output quantization")
+        if attn_metadata is None:
+            # vLLM's profiling pass runs the model with no metadata and no cache.
+            return output.fill_(0)
+        key_cache, value_cache = kv_cache.unbind(0)
+        self._attention(
+            query, key_cache, value_cache, attn_metadata.block_table,
+            attn_metadata.query_start_loc, attn_metadata.seq_lens, self.scale, output,
+            attn_metadata.max_query_len, attn_metadata.max_seq_len,
+        )
+        return output

@@ -1,0 +1,72 @@
+"""What every device layer provides: the facts vLLM's Platform needs, and the few runtime hooks
+the worker and model runner call where devices really differ."""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import ClassVar
+
+import torch
+
+
+class DeviceLayer:
+    name: ClassVar[str]
+    # torch device type; also vLLM's device_name/device_type for this platform.
+    torch_device_type: ClassVar[str]
+    # dispatch key for vLLM's custom ops (torch.ops.vllm.*): must match where tensors live.
+    dispatch_key: ClassVar[str]
+    dist_backend: ClassVar[str]
+    device_control_env_var: ClassVar[str] = "SPECDEC_VISIBLE_DEVICES"
+    ray_device_key: ClassVar[str] = ""
+    # Kernel providers in order of preference (see specdec_plugin.ops.registry).
+    kernel_providers: ClassVar[tuple[str, ...]] = ("torch",)
+    # First entry is vLLM's fallback for dtype="auto" on unsupported checkpoint dtypes.
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32,)
+    supports_graphs: ClassVar[bool] = False
+    pin_memory: ClassVar[bool] = False
+    # The PyTorch package a user installs to get this device, for error messages.
+    install_hint: ClassVar[str] = ""
+
+    # ---- detection (cheap, no side effects: vLLM calls the plugin twice per process) ----
+    @classmethod
+    def is_present(cls) -> bool:
+        raise NotImplementedError
+
+    # ---- platform facts ----
+    def device_count(self) -> int:
+        return 1
+
+    def device_name(self, device_id: int = 0) -> str:
+        raise NotImplementedError
+
+    def total_memory(self, device_id: int = 0) -> int:
+        raise NotImplementedError
+
+    def memory_usage(self, device: torch.types.Device | None = None) -> float:
+        raise NotImplementedError
+
+    def compute_units(self, device_id: int = 0) -> int:
+        raise NotImplementedError
+
+    def set_device(self, device: torch.device) -> None:
+        pass
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def synchronize(self) -> None:
+        pass
+
+    # ---- worker hooks ----
+    def worker_device(self, local_rank: int) -> torch.device:
+        raise NotImplementedError
+
+    def prepare_worker_process(self) -> None:
+        """Process-wide setup in a worker before the model runner exists (threads, patches)."""
+
+    def runner_construction(self) -> AbstractContextManager:
+        """Context in which vLLM's GPUModelRunner.__init__ runs (stand-ins for absent APIs)."""
+        return nullcontext()
+
+    def measures_memory(self) -> bool:
+        """True if vLLM's own memory profiler works here (it needs torch.accelerator stats)."""
+        return False

@@ -1,0 +1,103 @@
+"""The CPU: pure-torch reference kernels, no graphs, no pinned memory, no async scheduling.
+
+It runs with the normal (CUDA) vLLM and torch wheels on a machine without a GPU, where vLLM's
+Triton kernels are placeholders and ``torch.cuda``/``torch.accelerator`` have no device.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import ClassVar
+
+import torch
+
+from specdec_plugin import envs
+from specdec_plugin.device.base import DeviceLayer
+
+
+class _EventStandIn:
+    """Host code is already in order on CPU: recording and waiting are no-ops."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def record(self, *args, **kwargs) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, *args, **kwargs) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class _StreamStandIn:
+    def __init__(self, *args, **kwargs) -> None:
+        self.device = torch.device("cpu")
+
+    def wait_stream(self, *args, **kwargs) -> None:
+        pass
+
+    def wait_event(self, *args, **kwargs) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _noop(*args, **kwargs) -> None:
+    return None
+
+
+class CpuDevice(DeviceLayer):
+    name: ClassVar[str] = "cpu"
+    torch_device_type: ClassVar[str] = "cpu"
+    dispatch_key: ClassVar[str] = "CPU"
+    dist_backend: ClassVar[str] = "gloo"
+    device_control_env_var: ClassVar[str] = "SPECDEC_CPU_VISIBLE_DEVICES"
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32, torch.bfloat16)
+    install_hint: ClassVar[str] = "any torch build"
+
+    @classmethod
+    def is_present(cls) -> bool:
+        return True
+
+    def device_name(self, device_id: int = 0) -> str:
+        return "cpu"
+
+    def total_memory(self, device_id: int = 0) -> int:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+    def memory_usage(self, device=None) -> float:
+        # Resident set size of this process: what loading weights adds shows up here.
+        with open("/proc/self/statm") as f:
+            return float(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+
+    def compute_units(self, device_id: int = 0) -> int:
+        return envs.cpu_threads()
+
+    def worker_device(self, local_rank: int) -> torch.device:
+        return torch.device("cpu")
+
+    def prepare_worker_process(self) -> None:
+        # vLLM sets one thread for non-CPU platforms; the torch reference kernels want all cores.
+        torch.set_num_threads(envs.cpu_threads())
+        # With a CUDA torch on a GPU-less machine, torch.accelerator.* raise on first use, and
+        # the V1 runner calls synchronize/empty_cache in profiling and cleanup. Patch P4.
+        if not torch.accelerator.is_available():
+            torch.accelerator.synchronize = _noop
+            torch.accelerator.empty_cache = _noop
+
+    @contextmanager
+    def runner_construction(self):
+        # GPUModelRunner.__init__ builds CUDA events and streams unconditionally; on CPU they
+        # fail at first use. Stand-ins are installed only while it runs. Patch P5.
+        saved = (torch.Event, torch.cuda.Event, torch.cuda.Stream)
+        torch.Event, torch.cuda.Event, torch.cuda.Stream = _EventStandIn, _EventStandIn, _StreamStandIn
+        try:
+            yield
+        finally:
+            torch.Event, torch.cuda.Event, torch.cuda.Stream = saved

@@ -1,0 +1,69 @@
+"""NVIDIA GPUs: our Triton kernels where they exist (torch references otherwise), CUDA graphs."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from specdec_plugin.device.base import DeviceLayer
+
+
+class CudaDevice(DeviceLayer):
+    name: ClassVar[str] = "cuda"
+    torch_device_type: ClassVar[str] = "cuda"
+    dispatch_key: ClassVar[str] = "CUDA"
+    dist_backend: ClassVar[str] = "nccl"
+    device_control_env_var: ClassVar[str] = "CUDA_VISIBLE_DEVICES"
+    ray_device_key: ClassVar[str] = "GPU"
+    kernel_providers: ClassVar[tuple[str, ...]] = ("triton", "torch")
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)
+    supports_graphs: ClassVar[bool] = True
+    pin_memory: ClassVar[bool] = True
+    install_hint: ClassVar[str] = "a CUDA build of torch and an NVIDIA driver"
+
+    @classmethod
+    def is_present(cls) -> bool:
+        # NVML answers without creating a CUDA context (so forked workers stay usable).
+        try:
+            import pynvml
+        except ImportError:
+            return False
+        try:
+            pynvml.nvmlInit()
+            try:
+                return pynvml.nvmlDeviceGetCount() > 0
+            finally:
+                pynvml.nvmlShutdown()
+        except Exception:  # no driver, no library: no GPU
+            return False
+
+    def device_count(self) -> int:
+        return torch.cuda.device_count()
+
+    def device_name(self, device_id: int = 0) -> str:
+        return torch.cuda.get_device_name(device_id)
+
+    def total_memory(self, device_id: int = 0) -> int:
+        return torch.cuda.get_device_properties(device_id).total_memory
+
+    def memory_usage(self, device=None) -> float:
+        torch.cuda.reset_peak_memory_stats(device)
+        return float(torch.cuda.max_memory_allocated(device))
+
+    def compute_units(self, device_id: int = 0) -> int:
+        return torch.cuda.get_device_properties(device_id).multi_processor_count
+
+    def set_device(self, device: torch.device) -> None:
+        torch.cuda.set_device(device)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.cuda.manual_seed_all(seed)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
+
+    def worker_device(self, local_rank: int) -> torch.device:
+        return torch.device(f"cuda:{local_rank}")
+
+    def measures_memory(self) -> bool:
+        return True

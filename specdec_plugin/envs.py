@@ -1,0 +1,34 @@
+"""Environment variables the plugin reads, in one place.
+
+- ``SPECDEC_DISABLE=1``: the plugin declines; vLLM uses its own platform.
+- ``SPECDEC_DEVICE=cpu|cuda|npu``: force a device instead of detecting one. Forcing a device
+  that is absent is an error raised when the engine config is built.
+- ``SPECDEC_CPU_KV_CACHE_GIB``: KV-cache budget on CPU (default 2 GiB), unless the user passes
+  vLLM's ``kv_cache_memory_bytes``.
+- ``SPECDEC_CPU_THREADS``: torch threads on CPU (default: every core this process may use).
+"""
+from __future__ import annotations
+
+import os
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def disabled() -> bool:
+    return os.environ.get("SPECDEC_DISABLE", "").strip().lower() in _TRUE
+
+
+def forced_device() -> str | None:
+    value = os.environ.get("SPECDEC_DEVICE", "").strip().lower()
+    return value or None
+
+
+def cpu_kv_cache_bytes() -> int:
+    return int(float(os.environ.get("SPECDEC_CPU_KV_CACHE_GIB", "2")) * (1 << 30))
+
+
+def cpu_threads() -> int:
+    value = os.environ.get("SPECDEC_CPU_THREADS")
+    if value:
+        return int(value)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

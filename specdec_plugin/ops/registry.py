@@ -1,0 +1,104 @@
+"""Kernel registry: every device kernel by name, with one implementation per provider.
+
+Each op lives in its own package under ``specdec_plugin/ops/<op>/`` with a pure-torch
+``reference.py`` (always present, runs anywhere) and, where written, a ``triton.py`` with the
+same signature. The table below maps op name -> provider -> "module:function"; modules are
+imported only when a provider is asked for, so the CPU path never imports Triton.
+
+The device layer (``specdec_plugin.device``) says which providers it prefers, in order;
+``get_kernel`` returns the first one the op has. Adding a kernel means one line here.
+"""
+from __future__ import annotations
+
+import importlib
+from functools import lru_cache
+from typing import Callable, Sequence
+
+_OPS = "specdec_plugin.ops"
+
+KERNELS: dict[str, dict[str, str]] = {
+    # attention over a paged KV cache, prefill / decode / 1+K verification
+    "paged_attention": {
+        "torch": f"{_OPS}.paged_attention.reference:paged_attention",
+        "triton": f"{_OPS}.paged_attention.triton:paged_attention",
+    },
+    "reshape_and_cache": {
+        "torch": f"{_OPS}.reshape_and_cache.reference:reshape_and_cache",
+        "triton": f"{_OPS}.reshape_and_cache.triton:reshape_and_cache",
+    },
+    # speculative decoding: rejection sampler (vLLM rejection_sampler.py kernels)
+    "rejection_greedy_sample": {
+        "torch": f"{_OPS}.rejection.reference:rejection_greedy_sample",
+        "triton": f"{_OPS}.rejection.triton:rejection_greedy_sample",
+    },
+    "rejection_random_sample": {
+        "torch": f"{_OPS}.rejection.reference:rejection_random_sample",
+        "triton": f"{_OPS}.rejection.triton:rejection_random_sample",
+    },
+    "sample_recovered_tokens": {
+        "torch": f"{_OPS}.rejection.reference:sample_recovered_tokens",
+        "triton": f"{_OPS}.rejection.triton:sample_recovered_tokens",
+    },
+    "expand_batch_to_tokens": {
+        "torch": f"{_OPS}.rejection.reference:expand_batch_to_tokens",
+        "triton": f"{_OPS}.rejection.triton:expand_batch_to_tokens",
+    },
+    # speculative decoding: KV slot mapping and EAGLE/MTP/DFlash input preparation
+    "compute_slot_mapping": {
+        "torch": f"{_OPS}.spec_prep.reference:compute_slot_mapping",
+        "triton": f"{_OPS}.spec_prep.triton:compute_slot_mapping",
+    },
+    "eagle_step_slot_mapping_metadata": {
+        "torch": f"{_OPS}.spec_prep.reference:eagle_step_slot_mapping_metadata",
+        "triton": f"{_OPS}.spec_prep.triton:eagle_step_slot_mapping_metadata",
+    },
+    "eagle_prepare_inputs_padded": {
+        "torch": f"{_OPS}.spec_prep.reference:eagle_prepare_inputs_padded",
+        "triton": f"{_OPS}.spec_prep.triton:eagle_prepare_inputs_padded",
+    },
+    "eagle_prepare_next_token_padded": {
+        "torch": f"{_OPS}.spec_prep.reference:eagle_prepare_next_token_padded",
+        "triton": f"{_OPS}.spec_prep.triton:eagle_prepare_next_token_padded",
+    },
+    "copy_and_expand_eagle_inputs": {
+        "torch": f"{_OPS}.spec_prep.reference:copy_and_expand_eagle_inputs",
+        "triton": f"{_OPS}.spec_prep.triton:copy_and_expand_eagle_inputs",
+    },
+    "copy_and_expand_dflash_inputs": {
+        "torch": f"{_OPS}.spec_prep.reference:copy_and_expand_dflash_inputs",
+        "triton": f"{_OPS}.spec_prep.triton:copy_and_expand_dflash_inputs",
+    },
+}
+
+
+# Providers whose kernels never synchronise with the host, so they can run inside graphs.
+GRAPH_SAFE_PROVIDERS = frozenset({"triton"})
+
+
+def has_graph_safe_kernel(op: str, providers: Sequence[str]) -> bool:
+    """True if the provider ``get_kernel`` would pick for ``op`` can be captured in a graph."""
+    impls = KERNELS.get(op, {})
+    chosen = next((p for p in (*providers, "torch") if p in impls), None)
+    return chosen in GRAPH_SAFE_PROVIDERS
+
+
+def _load(path: str) -> Callable:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@lru_cache(maxsize=None)
+def get_kernel(op: str, providers: Sequence[str] = ("torch",)) -> Callable:
+    """Return the implementation of ``op`` from the first provider in ``providers`` that has it.
+
+    ``providers`` must be a tuple (it is a cache key). The torch reference is always the last
+    resort, so a device with no kernel of its own for ``op`` still runs.
+    """
+    try:
+        impls = KERNELS[op]
+    except KeyError:
+        raise KeyError(f"unknown kernel {op!r}; known: {sorted(KERNELS)}") from None
+    for provider in (*providers, "torch"):
+        if provider in impls:
+            return _load(impls[provider])
+    raise KeyError(f"kernel {op!r} has no implementation for providers {providers}")

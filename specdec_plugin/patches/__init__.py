@@ -1,0 +1,53 @@
+"""Every change the plugin makes to vLLM (and torch) where vLLM has no hook: the catalog.
+
+Everything else goes through vLLM's hooks (Platform, worker_cls, the attention registry,
+subclasses). Each patch below says why it exists, what it changes, and when it can go.
+They are applied in a worker process, before the model runner is built, by
+``apply_worker_patches`` (idempotent).
+
+P1 kernel warm-up (``vllm.v1.worker.gpu_worker.kernel_warmup``)
+   Why: vLLM's warm-up imports CUDA fusion modules that touch ``torch.ops._C.rotary_embedding``
+   at import; the 0.26 wheel ships no ``_C``, so every platform without it fails there.
+   What: our warm-up, which warms the block-table slot-mapping kernel (all our runner needs).
+   When it can go: when vLLM lets a platform choose its warm-up, or guards those imports.
+
+P2 vLLM's Triton kernels on the V1 path (``specdec_plugin.patches.vllm_kernels.TABLE``)
+   Why: without a Triton driver (CPU) vLLM's ``@triton.jit`` is a placeholder and
+   ``kernel[grid](...)`` raises TypeError; on GPUs we want our own kernels everywhere.
+   What: the module attributes listed in the table are replaced by adapters that accept
+   vLLM's launch syntax and call our kernel (torch reference or our Triton one).
+   When it can go: when vLLM dispatches these kernels through the platform (as it does for
+   attention) or exposes them as CustomOps.
+
+P3 repetition penalties (``vllm._custom_ops.apply_repetition_penalties``)
+   Why: on CUDA tensors vLLM calls ``torch.ops._C.apply_repetition_penalties_``, absent from
+   the 0.26 wheel, so a request with ``repetition_penalty`` fails on GPU.
+   What: always the torch implementation vLLM already has.
+   When it can go: when the `_C` call is guarded by ``hasattr`` or a platform check.
+
+P4 ``torch.accelerator.synchronize`` / ``empty_cache`` on a GPU-less machine (device/cpu.py)
+   Why: the V1 runner calls them in profiling and cleanup; a CUDA torch with no GPU raises.
+   What: no-ops, only when torch reports no accelerator.
+   When it can go: when the runner routes these through ``Platform``.
+
+P5 ``torch.Event`` / ``torch.cuda.Event`` / ``torch.cuda.Stream`` while the runner is built, on
+   CPU (device/cpu.py ``runner_construction``)
+   Why: ``GPUModelRunner.__init__`` creates CUDA events and streams unconditionally.
+   What: host stand-ins, only for the duration of ``__init__``; restored afterwards.
+   When it can go: when the runner asks the platform for events and streams.
+"""
+from __future__ import annotations
+
+_applied = False
+
+
+def apply_worker_patches() -> None:
+    global _applied
+    if _applied:
+        return
+    from specdec_plugin.patches import repetition_penalty, vllm_kernels, warmup
+
+    warmup.apply()
+    vllm_kernels.apply()
+    repetition_penalty.apply()
+    _applied = True

@@ -1,0 +1,174 @@
+"""The vLLM platform: one class per device, all sharing ``SpecDecPlatform``'s behaviour and
+reading their facts from the device layer.
+
+vLLM resolves the name ``register()`` returned (``specdec_plugin.platform.CpuSpecDecPlatform``
+and so on) through this module's ``__getattr__``, which builds the class for that device.
+
+This module is imported while vLLM is still resolving ``current_platform``; it must not import
+vLLM modules that read ``current_platform`` at import time (torch_utils, triton_utils,
+_custom_ops, ...). Heavy imports stay inside methods.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from vllm.platforms.interface import Platform, PlatformEnum
+
+from specdec_plugin.device import DEVICES, get_device
+from specdec_plugin.device.base import DeviceLayer
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+ATTENTION_BACKEND = "specdec_plugin.attention.backend.SpecDecAttentionBackend"
+WORKER = "specdec_plugin.worker.worker.SpecDecWorker"
+
+
+class SpecDecPlatform(Platform):
+    _enum = PlatformEnum.OOT
+    device: ClassVar[DeviceLayer]
+    # Dynamo must not trace vLLM's small @torch.compile helpers on devices without graphs.
+    simple_compile_backend: str = "eager"
+
+    # ---- facts ----
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        return list(self.device.supported_dtypes)
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return cls.device.device_name(device_id)
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return cls.device.total_memory(device_id)
+
+    @classmethod
+    def get_current_memory_usage(cls, device=None) -> float:
+        return cls.device.memory_usage(device)
+
+    @classmethod
+    def num_compute_units(cls, device_id: int = 0) -> int:
+        return cls.device.compute_units(device_id)
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return cls.device.pin_memory
+
+    @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        return cls.device.supports_graphs
+
+    @classmethod
+    def get_static_graph_wrapper_cls(cls) -> str:
+        return "vllm.compilation.cuda_graph.CUDAGraphWrapper"
+
+    @classmethod
+    def opaque_attention_op(cls) -> bool:
+        # Attention must be an opaque custom op: traced inline, Dynamo freezes the profiling
+        # branch of the Python backend and the engine silently emits garbage.
+        return True
+
+    @classmethod
+    def use_custom_allreduce(cls) -> bool:
+        return False
+
+    @classmethod
+    def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
+        if dtype not in cls.device.supported_dtypes:
+            from specdec_plugin.config_checks import SpecDecConfigError
+
+            raise SpecDecConfigError(
+                f"dtype={dtype} is not supported by specdec_plugin on {cls.device.name}; "
+                f"supported: {list(cls.device.supported_dtypes)}."
+            )
+
+    # ---- device control ----
+    @classmethod
+    def import_kernels(cls) -> None:
+        # vLLM's compiled `_C` is absent from the 0.26 wheel and unused here: nothing to load.
+        pass
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        cls.device.set_device(device)
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        cls.device.manual_seed_all(seed)
+
+    @classmethod
+    def synchronize(cls) -> None:
+        cls.device.synchronize()
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        return "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
+
+    # ---- attention ----
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+        if selected_backend is not None and selected_backend != AttentionBackendEnum.CUSTOM:
+            raise ValueError(
+                f"attention_backend={selected_backend.name} is not available on specdec_plugin, "
+                f"which runs its own attention. Fix: drop --attention-backend (or pass CUSTOM), "
+                f"or set SPECDEC_DISABLE=1 to use vLLM's own platform and backends."
+            )
+        if attn_selector_config.use_mla:
+            raise ValueError("specdec_plugin has no MLA attention; serve a model without MLA.")
+        register_backend(AttentionBackendEnum.CUSTOM, ATTENTION_BACKEND)
+        return ATTENTION_BACKEND
+
+    # ---- configuration ----
+    @classmethod
+    def pre_register_and_update(cls, parser=None) -> None:
+        # Model Runner V2 needs vLLM's compiled UVA ops; force V1 before VllmConfig exists.
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
+        from specdec_plugin.config_checks import validate
+        from specdec_plugin.config_defaults import apply_defaults
+
+        validate(vllm_config, cls.device)
+        apply_defaults(vllm_config, cls.device, worker_cls=WORKER)
+
+    @classmethod
+    def verify_model_arch(cls, model_arch: str) -> None:
+        pass  # checked with the whole model config in check_and_update_config
+
+
+def platform_class_name(device_name: str) -> str:
+    return f"{device_name.capitalize()}SpecDecPlatform"
+
+
+_BUILT: dict[str, type[SpecDecPlatform]] = {}
+
+
+def _build(device_name: str) -> type[SpecDecPlatform]:
+    layer = get_device(device_name)
+    attrs = {
+        "device": layer,
+        "device_name": layer.torch_device_type,
+        "device_type": layer.torch_device_type,
+        "dispatch_key": layer.dispatch_key,
+        "dist_backend": layer.dist_backend,
+        "device_control_env_var": layer.device_control_env_var,
+        "ray_device_key": layer.ray_device_key,
+        "__module__": __name__,
+    }
+    name = platform_class_name(device_name)
+    return type(name, (SpecDecPlatform,), attrs)
+
+
+def __getattr__(name: str):
+    for device_name in DEVICES:
+        if name == platform_class_name(device_name):
+            if device_name not in _BUILT:
+                _BUILT[device_name] = _build(device_name)
+            return _BUILT[device_name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,68 @@
+"""The worker: vLLM's V1 GPU worker, with device setup and memory accounting taken from the
+device layer so that the same class runs on CPU, NVIDIA GPUs and (designed for) Ascend NPUs."""
+from __future__ import annotations
+
+import gc
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+from vllm.logger import init_logger
+from vllm.platforms import current_platform
+from vllm.utils.mem_utils import MemorySnapshot, format_gib
+from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
+from vllm.v1.worker.utils import request_memory
+from vllm.v1.worker.workspace import init_workspace_manager
+
+from specdec_plugin import envs
+from specdec_plugin.patches import apply_worker_patches
+from specdec_plugin.worker.model_runner import SpecDecModelRunner
+
+logger = init_logger(__name__)
+
+
+class SpecDecWorker(Worker):
+    @property
+    def device_layer(self):
+        return current_platform.device
+
+    def init_device(self) -> None:
+        layer = self.device_layer
+        layer.prepare_worker_process()
+        apply_worker_patches()
+
+        self.device = layer.worker_device(self.local_rank)
+        layer.set_device(self.device)
+        current_platform.check_if_supports_dtype(self.model_config.dtype)
+        init_worker_distributed_environment(
+            self.vllm_config, self.rank, self.distributed_init_method, self.local_rank,
+            current_platform.dist_backend,
+        )
+        set_random_seed(self.model_config.seed)
+
+        if layer.measures_memory():
+            # vLLM's profiler compares against this snapshot to size the KV cache.
+            gc.collect()
+            torch.accelerator.empty_cache()
+            self.init_snapshot = MemorySnapshot(device=self.device)
+            self.requested_memory = request_memory(self.init_snapshot, self.cache_config)
+
+        init_workspace_manager(self.device, 2 if self.parallel_config.enable_dbo else 1)
+        with layer.runner_construction():
+            self.model_runner = SpecDecModelRunner(self.vllm_config, self.device)
+
+    def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:
+        # vLLM's sleep-mode allocator exists only for CUDA/ROCm/XPU and raises for an
+        # out-of-tree platform; we have no sleep mode.
+        return nullcontext()
+
+    @torch.inference_mode()
+    def determine_available_memory(self) -> int:
+        if self.device_layer.measures_memory():
+            return super().determine_available_memory()
+        # No device memory to measure: run the profiling pass for its side effects (it also
+        # exercises every kernel once), then grant the configured KV-cache budget.
+        self.model_runner.profile_run()
+        budget = self.cache_config.kv_cache_memory_bytes or envs.cpu_kv_cache_bytes()
+        logger.info("specdec_plugin: KV cache budget on %s: %s GiB", self.device_layer.name, format_gib(budget))
+        return int(budget)
