@@ -32,11 +32,12 @@ setup(
     packages=find_packages(include=["specdec_plugin", "specdec_plugin.*"]),
     package_data={"specdec_plugin": ["assets/**/*"]},
     python_requires=">=3.10",
-    install_requires=["vllm==0.26.0", "gguf", "openai"],
+    install_requires=["vllm==0.26.0", "gguf", "accelerate", "openai"],
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     entry_points={
         "vllm.platform_plugins": ["specdec = specdec_plugin:register"],
+        "vllm.general_plugins": ["specdec_input_checks = specdec_plugin.patches.engine_args:apply"],
         "console_scripts": ["specdec-models = specdec_plugin.models.cli:main"],
     },
 )

@@ -35,6 +35,14 @@ P5 ``torch.Event`` / ``torch.cuda.Event`` / ``torch.cuda.Stream`` while the runn
    Why: ``GPUModelRunner.__init__`` creates CUDA events and streams unconditionally.
    What: host stand-ins, only for the duration of ``__init__``; restored afterwards.
    When it can go: when the runner asks the platform for events and streams.
+
+P6 input checks before ``ModelConfig`` (``EngineArgs.create_engine_config``, patches/engine_args.py)
+   Why: vLLM reads the model config before any platform hook sees the arguments, so a missing
+   local model path surfaces as a Hugging Face Hub error about repo ids.
+   What: a wrapper that checks local model and draft-model paths first, then calls vLLM's.
+   Installed from the ``vllm.general_plugins`` entry point (vLLM loads it in
+   ``EngineArgs.__post_init__``), unlike P1-P5 which are applied in workers.
+   When it can go: when a platform hook receives the engine arguments before ModelConfig.
 """
 from __future__ import annotations
 

@@ -1,0 +1,64 @@
+"""P6: validate user input before vLLM builds its ModelConfig (see the catalog).
+
+vLLM reads the model's config while building ``ModelConfig``, before any platform hook sees
+the arguments; a missing local path then surfaces as a Hugging Face Hub error about repo ids.
+This wraps ``EngineArgs.create_engine_config`` so our input checks run first. It is installed
+by the ``vllm.general_plugins`` entry point, which vLLM loads in ``EngineArgs.__post_init__``.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+from specdec_plugin import envs
+
+
+def _looks_local(path: str) -> bool:
+    return os.path.isabs(path) or path.startswith((".", "~"))
+
+
+def check_model_path(field: str, path: str | None) -> None:
+    from specdec_plugin.config_checks import SpecDecConfigError
+
+    if not path or not _looks_local(path):
+        return
+    full = os.path.expanduser(path)
+    if not os.path.exists(full):
+        raise SpecDecConfigError(
+            f"{field}={path!r}: no such file or directory. Fix: pass the directory of a Hugging "
+            f"Face checkpoint (config.json plus *.safetensors), for example the path printed by "
+            f"`specdec-models fetch smollm2-135m`."
+        )
+    if os.path.isdir(full) and not os.path.exists(os.path.join(full, "config.json")):
+        raise SpecDecConfigError(
+            f"{field}={path!r} has no config.json, so it is not a Hugging Face checkpoint. "
+            f"Fix: point {field} at the directory that holds config.json and the weights."
+        )
+
+
+def _speculative_model(spec) -> str | None:
+    if isinstance(spec, dict):
+        return spec.get("model")
+    return getattr(spec, "model", None)
+
+
+def _checked(create_engine_config):
+    @functools.wraps(create_engine_config)
+    def create_engine_config_checked(self, *args, **kwargs):
+        check_model_path("model", self.model)
+        if self.speculative_config is not None:
+            check_model_path("speculative_config.model", _speculative_model(self.speculative_config))
+        return create_engine_config(self, *args, **kwargs)
+
+    create_engine_config_checked.__specdec_checked__ = True
+    return create_engine_config_checked
+
+
+def apply() -> None:
+    """Entry point of ``vllm.general_plugins``: idempotent, a no-op when the plugin is disabled."""
+    if envs.disabled():
+        return
+    from vllm.engine.arg_utils import EngineArgs
+
+    if not getattr(EngineArgs.create_engine_config, "__specdec_checked__", False):
+        EngineArgs.create_engine_config = _checked(EngineArgs.create_engine_config)

@@ -1,0 +1,67 @@
+"""Shared pytest setup.
+
+- Tests marked ``gpu`` (marker declared in pyproject.toml) are skipped where no CUDA device is
+  present.
+- Without a CUDA device, Triton kernels run in Triton's interpreter: ``TRITON_INTERPRET=1`` is
+  set here, at conftest import, because Triton decides interpreted-or-compiled when each
+  ``@triton.jit`` function (its own ``tl.sum``/``tl.zeros`` helpers included) is decorated, so
+  the variable must be in place before anything imports ``triton``. It does not change vLLM's
+  ``HAS_TRITON`` (that looks for an active driver). An explicit ``TRITON_INTERPRET`` in the
+  environment wins.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+# `python -m pytest` puts the repo root on sys.path, plain `pytest` does not.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+if not torch.cuda.is_available() and "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_configure(config):
+    # Resolve vLLM's platform once, with the environment as the user has it, before any test
+    # changes SPECDEC_* variables: vLLM caches the platform for the life of the process.
+    from vllm.platforms import current_platform
+
+    current_platform.device_type  # noqa: B018
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+# ---------------------------------------------------------------------------------------------
+# Real models and shared engines. Starting a vLLM engine costs tens of seconds on 2 cores, so
+# engines are built once per configuration and shared by every test of the session.
+
+# Small KV cache for tests: plenty for a few prompts, and quick to allocate.
+os.environ.setdefault("SPECDEC_CPU_KV_CACHE_GIB", "0.25")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    from specdec_plugin.models import fetch_smollm2
+
+    return str(fetch_smollm2())
+
+
+@pytest.fixture(scope="session")
+def engines():
+    from tests.engine_pool import EnginePool
+
+    pool = EnginePool()
+    yield pool
+    pool.close()
