@@ -1,0 +1,270 @@
+"""Triton spec-decode input preparation; same signatures and results as ``reference.py``.
+
+Per-request ops run one program per request that walks its tokens in ``BLOCK``-wide tiles (the
+per-request token count is only known on the device); per-batch ops run one program per
+``BLOCK`` requests.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specdec_plugin.ops.spec_prep.reference import PAD_SLOT_ID
+
+_BLOCK = 128
+
+
+@triton.jit
+def _slot_mapping_kernel(
+    slot_ptr, qsl_ptr, pos_ptr, bt_ptr, bt_stride, bt_width, block_size, pad_id,
+    KV_BLOCK: tl.constexpr, BLOCKS_PER_KV_BLOCK: tl.constexpr, CP_SIZE: tl.constexpr,
+    CP_RANK: tl.constexpr, CP_INTERLEAVE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    req = tl.program_id(0)
+    start = tl.load(qsl_ptr + req).to(tl.int64)
+    end = tl.load(qsl_ptr + req + 1).to(tl.int64)
+    for t0 in range(start, end, BLOCK):
+        t = t0 + tl.arange(0, BLOCK)
+        live = t < end
+        pos = tl.load(pos_ptr + t, mask=live, other=0).to(tl.int64)
+        vblock = pos // (KV_BLOCK * CP_SIZE)
+        voff = pos - vblock * (KV_BLOCK * CP_SIZE)
+        local = (voff // CP_INTERLEAVE) % CP_SIZE == CP_RANK
+        loff = (voff // (CP_SIZE * CP_INTERLEAVE)) * CP_INTERLEAVE + voff % CP_INTERLEAVE
+        bidx = vblock * BLOCKS_PER_KV_BLOCK + loff // block_size
+        bidx = tl.minimum(tl.maximum(bidx, 0), bt_width - 1)
+        block = tl.load(bt_ptr + req * bt_stride + bidx, mask=live & local, other=0).to(tl.int64)
+        slot = tl.where(local, block * block_size + loff % block_size, pad_id)
+        tl.store(slot_ptr + t, slot, mask=live)
+
+
+def compute_slot_mapping(
+    slot_mapping, query_start_loc, positions, block_table, block_size, num_reqs, num_tokens,
+    max_num_tokens, pad_id=PAD_SLOT_ID, kv_cache_block_size=None, blocks_per_kv_block=1,
+    cp_world_size=1, cp_rank=0, cp_interleave_size=1,
+) -> None:
+    if kv_cache_block_size is None:
+        kv_cache_block_size = block_size * blocks_per_kv_block
+    if max_num_tokens > num_tokens:
+        slot_mapping[num_tokens:max_num_tokens].fill_(pad_id)
+    if num_reqs == 0 or num_tokens == 0:
+        return
+    _slot_mapping_kernel[(num_reqs,)](
+        slot_mapping, query_start_loc, positions, block_table, block_table.stride(0),
+        block_table.shape[1], block_size, pad_id,
+        KV_BLOCK=kv_cache_block_size, BLOCKS_PER_KV_BLOCK=blocks_per_kv_block,
+        CP_SIZE=cp_world_size, CP_RANK=cp_rank, CP_INTERLEAVE=cp_interleave_size, BLOCK=_BLOCK,
+    )
+
+
+@triton.jit
+def _eagle_step_kernel(
+    pos_ptr, bt_ptr, bt_stride, bt_width, seq_lens_ptr, out_pos_ptr, out_slot_ptr,
+    block_size, max_model_len, batch_size, input_batch_size, pad_id, BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    real = r < batch_size
+    tl.store(out_slot_ptr + r, tl.zeros((BLOCK,), tl.int64) + pad_id,
+             mask=(r >= batch_size) & (r < input_batch_size))
+    new_pos = tl.load(pos_ptr + r, mask=real, other=0).to(tl.int64) + 1
+    exceeds = new_pos >= max_model_len
+    clamped = tl.where(exceeds, 0, new_pos)
+    bidx = tl.minimum(clamped // block_size, bt_width - 1)
+    block = tl.load(bt_ptr + r * bt_stride + bidx, mask=real, other=0).to(tl.int64)
+    slot = tl.where(exceeds, pad_id, block * block_size + clamped % block_size)
+    seq_len = tl.load(seq_lens_ptr + r, mask=real, other=0)
+    new_len = tl.minimum(tl.where(exceeds, 1, seq_len + 1), max_model_len)
+    tl.store(out_pos_ptr + r, clamped, mask=real)
+    tl.store(out_slot_ptr + r, slot, mask=real)
+    tl.store(seq_lens_ptr + r, new_len, mask=real)
+
+
+def eagle_step_slot_mapping_metadata(
+    positions, block_table, seq_lens, out_clamped_positions, out_slot_mapping, block_size,
+    max_model_len, batch_size, input_batch_size, pad_id=PAD_SLOT_ID,
+) -> None:
+    n = max(batch_size, input_batch_size)
+    if n == 0:
+        return
+    _eagle_step_kernel[(triton.cdiv(n, _BLOCK),)](
+        positions, block_table, block_table.stride(0), block_table.shape[1], seq_lens,
+        out_clamped_positions, out_slot_mapping, block_size, max_model_len, batch_size,
+        input_batch_size, pad_id, BLOCK=_BLOCK,
+    )
+
+
+@triton.jit
+def _prepare_inputs_padded_kernel(
+    cu_ptr, valid_count_ptr, qsl_ptr, out_index_ptr, out_rejected_ptr, num_reqs,
+    BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    real = r < num_reqs
+    cu = tl.load(cu_ptr + r, mask=real, other=0)
+    cu_prev = tl.load(cu_ptr + r - 1, mask=real & (r > 0), other=0)
+    num_drafts = cu - cu_prev
+    valid = tl.load(valid_count_ptr + r, mask=real, other=0)
+    rejected = tl.where(num_drafts > 0, num_drafts + 1 - valid, 0)
+    last = tl.load(qsl_ptr + r + 1, mask=real, other=0) - 1
+    tl.store(out_index_ptr + r, last - rejected, mask=real)
+    tl.store(out_rejected_ptr + r, rejected, mask=real)
+
+
+def eagle_prepare_inputs_padded(
+    cu_num_draft_tokens, valid_sampled_tokens_count, query_start_loc, token_indices_to_sample,
+    num_rejected_tokens, num_reqs,
+) -> None:
+    if num_reqs == 0:
+        return
+    _prepare_inputs_padded_kernel[(triton.cdiv(num_reqs, _BLOCK),)](
+        cu_num_draft_tokens, valid_sampled_tokens_count, query_start_loc,
+        token_indices_to_sample, num_rejected_tokens, num_reqs, BLOCK=_BLOCK,
+    )
+
+
+@triton.jit
+def _next_token_padded_kernel(
+    sampled_ptr, sampled_stride, discard_ptr, backup_ptr, next_ptr, count_ptr, vocab_size,
+    num_cols, BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0)
+    col = tl.arange(0, BLOCK)
+    in_row = col < num_cols
+    tok = tl.load(sampled_ptr + r * sampled_stride + col, mask=in_row, other=-1)
+    valid = (tok != -1) & (tok < vocab_size) & in_row
+    discarded = tl.load(discard_ptr + r) != 0
+    count = tl.sum(valid.to(tl.int32), axis=0)
+    last_col = tl.max(tl.where(valid, col, -1), axis=0)
+    last_tok = tl.sum(tl.where(col == last_col, tok, 0), axis=0)
+    backup = tl.load(backup_ptr + r)
+    use_backup = discarded | (count == 0)
+    tl.store(next_ptr + r, tl.where(use_backup, backup, last_tok))
+    tl.store(count_ptr + r, tl.where(discarded, 0, count))
+
+
+def eagle_prepare_next_token_padded(
+    sampled_token_ids, discard_request_mask, backup_next_token_ids, next_token_ids,
+    valid_sampled_tokens_count, vocab_size, num_sampled_tokens_per_req, num_reqs,
+) -> None:
+    if num_reqs == 0:
+        return
+    _next_token_padded_kernel[(num_reqs,)](
+        sampled_token_ids, sampled_token_ids.stride(0), discard_request_mask,
+        backup_next_token_ids, next_token_ids, valid_sampled_tokens_count, vocab_size,
+        num_sampled_tokens_per_req, BLOCK=max(16, triton.next_power_of_2(num_sampled_tokens_per_req)),
+    )
+
+
+@triton.jit
+def _eagle_expand_kernel(
+    tok_ptr, tpos_ptr, next_ptr, out_ids_ptr, out_pos_ptr, out_rej_ptr, out_masked_ptr,
+    out_new_ptr, out_hidden_ptr, qsl_ptr, qend_ptr, padding_token_id, parallel_token_id,
+    total_input_tokens, P, SHIFT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0)
+    qs = tl.load(qsl_ptr + r).to(tl.int64)
+    nqs = tl.load(qsl_ptr + r + 1).to(tl.int64)
+    qe = tl.load(qend_ptr + r).to(tl.int64)
+    if SHIFT:
+        num_valid = qe - qs
+        out_start = qs + r * (P - 1)
+    else:
+        num_valid = qe - qs + 1
+        out_start = qs + r * P
+    total = num_valid + P + (nqs - qe - 1)
+    start_pos = tl.load(tpos_ptr + tl.minimum(qs, total_input_tokens - 1)).to(tl.int64)
+    bonus = tl.load(next_ptr + r).to(tl.int64)
+    span = tl.maximum(total, nqs - qs)
+    for j0 in range(0, span, BLOCK):
+        j = j0 + tl.arange(0, BLOCK)
+        live = j < total
+        is_valid = j < num_valid
+        is_new = (j >= num_valid) & (j < num_valid + P)
+        is_parallel = is_new & (j > num_valid)
+        is_rejected = j >= num_valid + P
+        src = tl.minimum(qs + (1 if SHIFT else 0) + j, total_input_tokens - 1)
+        tok = tl.load(tok_ptr + src, mask=live & is_valid, other=0).to(tl.int64)
+        tok = tl.where(j == num_valid, bonus, tok)
+        tok = tl.where(is_parallel, parallel_token_id, tok)
+        tok = tl.where(is_rejected, padding_token_id, tok)
+        o = out_start + j
+        tl.store(out_ids_ptr + o, tok, mask=live)
+        tl.store(out_pos_ptr + o, tl.where(is_rejected, 0, start_pos + j), mask=live)
+        tl.store(out_rej_ptr + o, is_rejected, mask=live)
+        tl.store(out_masked_ptr + o, is_parallel, mask=live)
+        tl.store(out_new_ptr + r * P + (j - num_valid), o, mask=live & is_new)
+        if SHIFT:
+            tl.store(out_hidden_ptr + qs + j, o, mask=j < nqs - qs)
+
+
+def copy_and_expand_eagle_inputs(
+    target_token_ids, target_positions, next_token_ids, out_input_ids, out_positions,
+    out_is_rejected_token_mask, out_is_masked_token_mask, out_new_token_indices,
+    out_hidden_state_mapping, query_start_loc, query_end_loc, padding_token_id,
+    parallel_drafting_token_id, total_input_tokens, num_padding_slots_per_request,
+    shift_input_ids, num_reqs,
+) -> None:
+    if num_reqs == 0:
+        return
+    _eagle_expand_kernel[(num_reqs,)](
+        target_token_ids, target_positions, next_token_ids, out_input_ids, out_positions,
+        out_is_rejected_token_mask, out_is_masked_token_mask, out_new_token_indices,
+        out_hidden_state_mapping, query_start_loc, query_end_loc, padding_token_id,
+        parallel_drafting_token_id, total_input_tokens, num_padding_slots_per_request,
+        SHIFT=bool(shift_input_ids), BLOCK=_BLOCK,
+    )
+
+
+@triton.jit
+def _dflash_kernel(
+    next_ptr, tpos_ptr, out_ids_ptr, out_ctx_pos_ptr, out_q_pos_ptr, out_ctx_slot_ptr,
+    out_q_slot_ptr, out_tok_idx_ptr, bt_ptr, bt_stride, bt_width, qsl_ptr, rejected_ptr,
+    parallel_token_id, block_size, Q, S, HAS_REJECTED: tl.constexpr, BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0)
+    ctx_start = tl.load(qsl_ptr + r).to(tl.int64)
+    ctx_end = tl.load(qsl_ptr + r + 1).to(tl.int64)
+    valid_end = ctx_end
+    if HAS_REJECTED:
+        valid_end = ctx_end - tl.load(rejected_ptr + r).to(tl.int64)
+    last_pos = tl.load(tpos_ptr + valid_end - 1).to(tl.int64)
+    bonus = tl.load(next_ptr + r)
+    num_ctx = ctx_end - ctx_start
+    for j0 in range(0, num_ctx + Q, BLOCK):
+        j = j0 + tl.arange(0, BLOCK)
+        live = j < num_ctx + Q
+        is_ctx = j < num_ctx
+        is_query = live & (j >= num_ctx)
+        k = j - num_ctx
+        ctx_pos = tl.load(tpos_ptr + ctx_start + j, mask=is_ctx, other=0).to(tl.int64)
+        pos = tl.where(is_ctx, ctx_pos, last_pos + 1 + k)
+        bidx = tl.minimum(pos // block_size, bt_width - 1)
+        block = tl.load(bt_ptr + r * bt_stride + bidx, mask=live, other=0).to(tl.int64)
+        slot = block * block_size + pos % block_size
+        tl.store(out_ctx_pos_ptr + ctx_start + j, pos, mask=is_ctx)
+        tl.store(out_ctx_slot_ptr + ctx_start + j, slot, mask=is_ctx)
+        q_out = r * Q + k
+        tl.store(out_q_pos_ptr + q_out, pos, mask=is_query)
+        tl.store(out_q_slot_ptr + q_out, slot, mask=is_query)
+        tl.store(out_ids_ptr + q_out, tl.where(k == 0, bonus, parallel_token_id), mask=is_query)
+        tl.store(out_tok_idx_ptr + r * S + k - 1, q_out, mask=is_query & (k > 0))
+
+
+def copy_and_expand_dflash_inputs(
+    next_token_ids, target_positions, out_input_ids, out_context_positions,
+    out_query_positions, out_context_slot_mapping, out_query_slot_mapping, out_token_indices,
+    block_table, query_start_loc, num_rejected_tokens, parallel_drafting_token_id, block_size,
+    num_query_per_req, num_speculative_tokens, total_input_tokens, num_reqs,
+) -> None:
+    if num_reqs == 0:
+        return
+    has_rejected = num_rejected_tokens is not None
+    _dflash_kernel[(num_reqs,)](
+        next_token_ids, target_positions, out_input_ids, out_context_positions,
+        out_query_positions, out_context_slot_mapping, out_query_slot_mapping,
+        out_token_indices, block_table, block_table.stride(0), block_table.shape[1],
+        query_start_loc, num_rejected_tokens if has_rejected else query_start_loc,
+        parallel_drafting_token_id, block_size, num_query_per_req, num_speculative_tokens,
+        HAS_REJECTED=has_rejected, BLOCK=_BLOCK,
+    )

@@ -1,0 +1,270 @@
+"""Rejection-sampling kernels: torch reference vs our Triton kernels vs vLLM 0.26's own Triton
+kernels (their source, compiled by real Triton; on CPU under TRITON_INTERPRET=1), on fresh random
+batches, plus a slow per-request loop written from the algorithm.
+
+Outputs start filled with a sentinel that no kernel writes, so comparing whole tensors also checks
+that every provider writes exactly the same elements.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import tempfile
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything compiles a Triton kernel
+
+triton = pytest.importorskip("triton")
+
+from specdec_plugin.ops.rejection import reference as ref  # noqa: E402
+from specdec_plugin.ops.rejection import triton as tri  # noqa: E402
+from specdec_plugin.ops.rejection.vllm_shims import shim_table  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SENTINEL = -7
+VOCAB = 37
+
+
+def load_vllm_kernels(relpath: str, names: list[str]):
+    """vLLM's kernels compiled by the real ``triton.jit`` (vLLM itself swaps in a placeholder
+    when Triton has no driver): their source is cut out of the installed file and re-imported."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        pytest.skip("vllm not installed")
+    path = os.path.join(spec.submodule_search_locations[0], relpath)
+    text = open(path).read()
+    lines = text.splitlines()
+    chunks = []
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            first = min([d.lineno for d in node.decorator_list] + [node.lineno])
+            chunks.append("\n".join(lines[first - 1 : node.end_lineno]))
+    assert len(chunks) == len(names), f"missing kernels in {relpath}"
+    tmp = tempfile.mkdtemp(prefix="vllm_kernels_")
+    mod_path = os.path.join(tmp, "vllm_kernels_" + "_".join(sorted(names))[:40] + ".py")
+    with open(mod_path, "w") as f:
+        f.write("import triton\nimport triton.language as tl\n\n" + "\n\n".join(chunks) + "\n")
+    mspec = importlib.util.spec_from_file_location(os.path.basename(mod_path)[:-3], mod_path)
+    module = importlib.util.module_from_spec(mspec)
+    mspec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def vllm_k():
+    return load_vllm_kernels(
+        "v1/sample/rejection_sampler.py",
+        ["rejection_greedy_sample_kernel", "rejection_random_sample_kernel", "expand_kernel",
+         "sample_recovered_tokens_kernel"],
+    )
+
+
+def make_batch(seed: int, batch: int = 12, max_spec_len: int = 5, greedy_mix: bool = True):
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, max_spec_len + 1, (batch,), generator=g)
+    counts[torch.randint(0, batch, (1,), generator=g)] = max_spec_len
+    cu = counts.cumsum(0).to(torch.int32)
+    n = int(cu[-1])
+    logits = torch.randn(n, VOCAB, generator=g) * 3
+    target_probs = logits.softmax(-1)
+    target_argmax = logits.argmax(-1)
+    # Drafts agree with the target argmax often enough that long accepted runs occur.
+    draft = torch.where(torch.rand(n, generator=g) < 0.7, target_argmax,
+                        torch.randint(0, VOCAB, (n,), generator=g)).to(torch.int32)
+    draft[torch.rand(n, generator=g) < 0.1] = -1  # padded drafts
+    # A draft close to the target, so p(x)/q(x) lands near the uniforms and decisions are tight.
+    draft_probs = (logits + torch.randn(n, VOCAB, generator=g)).softmax(-1)
+    draft_probs[torch.rand(n, VOCAB, generator=g) < 0.05] = 0.0  # q(x) = 0 must reject
+    # Half the uniforms biased low so random-path drafts also get accepted at later positions.
+    uniform = torch.rand(n, generator=g, dtype=torch.float64)
+    uniform = torch.where(torch.rand(n, generator=g) < 0.5, uniform**4, uniform)
+    is_greedy = torch.rand(batch, generator=g) < 0.5 if greedy_mix else None
+    t = lambda x: None if x is None else x.to(DEVICE)  # noqa: E731
+    return dict(
+        cu=t(cu), counts=counts.tolist(), max_spec_len=max_spec_len, draft=t(draft),
+        target_probs=t(target_probs), target_argmax=t(target_argmax), draft_probs=t(draft_probs),
+        bonus=t(torch.randint(0, VOCAB, (batch, 1), generator=g, dtype=torch.int32)),
+        recovered=t(torch.randint(0, VOCAB, (n,), generator=g, dtype=torch.int32)),
+        uniform=t(uniform), is_greedy=t(is_greedy),
+        rates=t(torch.tensor([0.9, 0.7, 0.5, 0.6, 0.8][:max_spec_len], dtype=torch.float32)),
+        inv_q=t(torch.empty(batch, VOCAB).exponential_(generator=g).reciprocal()),
+    )
+
+
+def poisoned(b):
+    return torch.full((len(b["counts"]), b["max_spec_len"] + 1), SENTINEL, dtype=torch.int32,
+                      device=DEVICE)
+
+
+def slow_rejection(b, greedy_rows, draft_probs, synthetic):
+    """Per request, per position, straight from Leviathan et al. (and vLLM's greedy rule)."""
+    out = poisoned(b).cpu()
+    start = 0
+    for r, n in enumerate(b["counts"]):
+        greedy = greedy_rows[r]
+        if greedy is None:
+            start += n
+            continue
+        all_ok = True
+        for p in range(n):
+            t = start + p
+            x = int(b["draft"][t])
+            u = float(b["uniform"][t])
+            if synthetic:
+                ok = x >= 0 and u < float(b["rates"][p])
+                tok = x if ok else (int(b["target_argmax"][t]) if greedy else int(b["recovered"][t]))
+            elif greedy:
+                ok = x == int(b["target_argmax"][t])
+                tok = int(b["target_argmax"][t])
+            else:
+                px = float(b["target_probs"][t, max(x, 0)])
+                qx = 1.0 if draft_probs is None else float(draft_probs[t, max(x, 0)])
+                ok = x >= 0 and qx > 0 and px / qx >= u
+                tok = x if ok else int(b["recovered"][t])
+            out[r, p] = tok
+            if not ok:
+                all_ok = False
+                break
+        if all_ok:
+            out[r, n] = int(b["bonus"][r, 0])
+        start += n
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("mixed", [True, False])
+@pytest.mark.parametrize("synthetic", [False, True])
+def test_greedy_kernel(vllm_k, seed, mixed, synthetic):
+    b = make_batch(seed, greedy_mix=mixed)
+    rates = b["rates"] if synthetic else None
+    outs = []
+    for impl in (ref.rejection_greedy_sample, tri.rejection_greedy_sample):
+        out = poisoned(b)
+        impl(out, b["cu"], b["draft"], b["target_argmax"], b["bonus"], b["is_greedy"],
+             b["max_spec_len"], b["uniform"], rates)
+        outs.append(out.cpu())
+    vout = poisoned(b)
+    vllm_k.rejection_greedy_sample_kernel[(len(b["counts"]),)](
+        vout, b["cu"], b["draft"], b["target_argmax"], b["bonus"], b["is_greedy"],
+        b["max_spec_len"], b["uniform"], rates, SYNTHETIC_MODE=synthetic,
+    )
+    if b["is_greedy"] is None:
+        rows = [True] * len(b["counts"])
+    else:
+        rows = [True if bool(g) else None for g in b["is_greedy"]]
+    slow = slow_rejection(b, rows, None, synthetic)
+    assert (outs[0] != SENTINEL).any()
+    torch.testing.assert_close(outs[0], vout.cpu(), rtol=0, atol=0)
+    torch.testing.assert_close(outs[1], vout.cpu(), rtol=0, atol=0)
+    torch.testing.assert_close(outs[0], slow, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+@pytest.mark.parametrize("with_draft_probs", [True, False])
+@pytest.mark.parametrize("synthetic", [False, True])
+def test_random_kernel(vllm_k, seed, with_draft_probs, synthetic):
+    b = make_batch(seed)
+    dp = b["draft_probs"] if with_draft_probs else None
+    rates = b["rates"] if synthetic else None
+    outs = []
+    for impl in (ref.rejection_random_sample, tri.rejection_random_sample):
+        out = poisoned(b)
+        impl(out, b["cu"], b["draft"], dp, b["target_probs"], b["bonus"], b["recovered"],
+             b["uniform"], b["is_greedy"], b["max_spec_len"], rates)
+        outs.append(out.cpu())
+    vout = poisoned(b)
+    vllm_k.rejection_random_sample_kernel[(len(b["counts"]),)](
+        vout, b["cu"], b["draft"], dp, b["target_probs"], b["bonus"], b["recovered"],
+        b["uniform"], b["is_greedy"], b["max_spec_len"], VOCAB, rates,
+        NO_DRAFT_PROBS=dp is None, SYNTHETIC_MODE=synthetic,
+    )
+    rows = [None if bool(g) else False for g in b["is_greedy"]]
+    slow = slow_rejection(b, rows, None if dp is None else dp.cpu(), synthetic)
+    assert (outs[0] != SENTINEL).any()
+    torch.testing.assert_close(outs[0], vout.cpu(), rtol=0, atol=0)
+    torch.testing.assert_close(outs[1], vout.cpu(), rtol=0, atol=0)
+    torch.testing.assert_close(outs[0], slow, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("seed", [6, 7])
+@pytest.mark.parametrize("with_draft_probs", [True, False])
+@pytest.mark.parametrize("fp64", [False, True])
+def test_recovered_kernel(vllm_k, seed, with_draft_probs, fp64):
+    b = make_batch(seed)
+    dp = b["draft_probs"] if with_draft_probs else None
+    inv_q = b["inv_q"].double() if fp64 else b["inv_q"]
+    n = b["draft"].shape[0]
+    outs = []
+    for impl in (ref.sample_recovered_tokens, tri.sample_recovered_tokens):
+        out = torch.full((n,), SENTINEL, dtype=torch.int32, device=DEVICE)
+        impl(out, b["cu"], b["draft"], dp, b["target_probs"], inv_q)
+        outs.append(out.cpu())
+    vout = torch.full((n,), SENTINEL, dtype=torch.int32, device=DEVICE)
+    vllm_k.sample_recovered_tokens_kernel[(len(b["counts"]), b["max_spec_len"])](
+        vout, b["cu"], b["draft"], dp, b["target_probs"], inv_q, VOCAB, 16,
+        NO_DRAFT_PROBS=dp is None, USE_FP64_GUMBEL=fp64,
+    )
+    assert (outs[0] >= 0).all()
+    torch.testing.assert_close(outs[0], vout.cpu(), rtol=0, atol=0)
+    torch.testing.assert_close(outs[1], vout.cpu(), rtol=0, atol=0)
+    if dp is None:  # the drafted token itself is never recovered
+        drafted = b["draft"].cpu().long()
+        assert not (outs[0].long() == drafted).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+def test_expand_kernel(vllm_k, dtype):
+    counts = torch.tensor([3, 0, 2, 5, 1])
+    cu = counts.cumsum(0).to(torch.int32).to(DEVICE)
+    x = torch.tensor([0, 4, 0, 2, 7]).to(dtype).to(DEVICE)  # zeros get replaced
+    n = int(counts.sum())
+    outs = []
+    for impl in (ref.expand_batch_to_tokens, tri.expand_batch_to_tokens):
+        out = torch.full((n,), SENTINEL, dtype=dtype, device=DEVICE)
+        impl(out, x, cu, 0, 1)
+        outs.append(out.cpu())
+    vout = torch.full((n,), SENTINEL, dtype=dtype, device=DEVICE)
+    vllm_k.expand_kernel[(5,)](vout, x, cu, 0, 1, MAX_NUM_TOKENS=128)
+    expected = torch.tensor([1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 7]).to(dtype)
+    assert torch.equal(outs[0], expected) and torch.equal(outs[1], expected)
+    assert torch.equal(vout.cpu(), expected)
+
+
+def test_vllm_shims_forward_vllm_launches():
+    """The shims accept vLLM's launch syntax and arguments and produce the reference result."""
+    shims = {sym: s for (_, sym), s in shim_table(("torch",)).items()}
+    b = make_batch(21)
+    batch = len(b["counts"])
+    out = poisoned(b)
+    shims["rejection_greedy_sample_kernel"][(batch,)](
+        out, b["cu"], b["draft"], b["target_argmax"], b["bonus"], b["is_greedy"],
+        b["max_spec_len"], None, None, SYNTHETIC_MODE=False, num_warps=1,
+    )
+    shims["rejection_random_sample_kernel"][(batch,)](
+        out, b["cu"], b["draft"], b["draft_probs"], b["target_probs"], b["bonus"],
+        b["recovered"], b["uniform"], b["is_greedy"], b["max_spec_len"], VOCAB, None,
+        NO_DRAFT_PROBS=False, SYNTHETIC_MODE=False,
+    )
+    expected = poisoned(b)
+    ref.rejection_greedy_sample(expected, b["cu"], b["draft"], b["target_argmax"], b["bonus"],
+                                b["is_greedy"], b["max_spec_len"])
+    ref.rejection_random_sample(expected, b["cu"], b["draft"], b["draft_probs"],
+                                b["target_probs"], b["bonus"], b["recovered"], b["uniform"],
+                                b["is_greedy"], b["max_spec_len"])
+    assert torch.equal(out, expected)
+    # Every row got at least its first position: greedy and random rows together cover all.
+    assert all(out[r, 0] != SENTINEL for r in range(batch))
+    rec = torch.full_like(b["draft"], SENTINEL)
+    shims["sample_recovered_tokens_kernel"][(batch, b["max_spec_len"])](
+        rec, b["cu"], b["draft"], None, b["target_probs"], b["inv_q"], VOCAB, 8192,
+        NO_DRAFT_PROBS=True, USE_FP64_GUMBEL=False,
+    )
+    assert (rec >= 0).all()
+    exp = torch.empty_like(b["draft"])
+    shims["expand_kernel"][(batch,)](exp, b["bonus"].view(-1), b["cu"], 0, 0, MAX_NUM_TOKENS=128)
+    assert torch.equal(exp.long(), b["bonus"].view(-1).long().repeat_interleave(
+        torch.tensor(b["counts"], device=DEVICE)))

@@ -1,0 +1,310 @@
+"""Spec-decode input preparation and slot mapping: torch reference vs our Triton kernels vs vLLM
+0.26's own Triton kernels (their source compiled by real Triton; interpreted on CPU), on fresh
+random inputs, each launched the way vLLM launches it. Every output buffer starts filled with a
+sentinel, so whole-buffer equality also checks that the same elements get written. The last test
+drives our ``vllm_shims`` with vLLM's exact launch syntax.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton")
+
+from specdec_plugin.ops.spec_prep import reference as ref  # noqa: E402
+from specdec_plugin.ops.spec_prep import triton as tri  # noqa: E402
+from specdec_plugin.ops.spec_prep.vllm_shims import shim_table  # noqa: E402
+from tests.ops.test_rejection_kernels import load_vllm_kernels  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+SENT = -7
+
+
+@pytest.fixture(scope="module")
+def vk():
+    utils = load_vllm_kernels(
+        "v1/spec_decode/utils.py",
+        ["eagle_step_slot_mapping_metadata_kernel", "eagle_prepare_inputs_padded_kernel",
+         "eagle_prepare_next_token_padded_kernel", "copy_and_expand_eagle_inputs_kernel",
+         "copy_and_expand_dflash_inputs_kernel"],
+    )
+    bt = load_vllm_kernels("v1/worker/block_table.py", ["_compute_slot_mapping_kernel"])
+    utils._compute_slot_mapping_kernel = bt._compute_slot_mapping_kernel
+    return utils
+
+
+def poison(shape, dtype):
+    shape = (shape,) if isinstance(shape, int) else shape
+    if dtype == torch.bool:
+        return torch.ones(shape, dtype=dtype, device=DEV)  # both False and True get written
+    return torch.full(shape, SENT, dtype=dtype, device=DEV)
+
+
+def rand_block_table(g, rows, cols):
+    return torch.randperm(rows * cols * 3, generator=g)[: rows * cols].view(rows, cols).to(
+        torch.int32).to(DEV)
+
+
+def packed_queries(g, num_reqs, max_q, min_q=0):
+    q_lens = torch.randint(min_q, max_q + 1, (num_reqs,), generator=g)
+    qsl = torch.zeros(num_reqs + 1, dtype=torch.int32)
+    qsl[1:] = q_lens.cumsum(0)
+    return q_lens, qsl
+
+
+def three_ways(run_ref, run_tri, run_vllm, make_buffers):
+    results = []
+    for run in (run_ref, run_tri, run_vllm):
+        bufs = make_buffers()
+        run(*bufs)
+        results.append([b.cpu() for b in bufs])
+    for name, other in (("triton", results[1]), ("vllm", results[2])):
+        for i, (a, b) in enumerate(zip(results[0], other)):
+            assert torch.equal(a, b), f"buffer {i}: reference != {name}\n{a}\n{b}"
+    return results[0]
+
+
+@pytest.mark.parametrize("layout", ["plain", "hybrid", "dcp"])
+def test_compute_slot_mapping(vk, layout):
+    g = torch.Generator().manual_seed({"plain": 0, "hybrid": 1, "dcp": 2}[layout])
+    kernel_block, per_kv, cp, rank, inter = {
+        "plain": (4, 1, 1, 0, 1), "hybrid": (4, 2, 1, 0, 1), "dcp": (4, 1, 2, 1, 2)}[layout]
+    kv_block = kernel_block * per_kv
+    num_reqs, max_reqs, max_num_tokens = 5, 7, 48
+    q_lens, qsl = packed_queries(g, num_reqs, 7)
+    num_tokens = int(qsl[-1])
+    ctx = torch.randint(0, 30, (num_reqs,), generator=g)
+    positions = torch.cat([c + torch.arange(q) for c, q in zip(ctx, q_lens)]).to(DEV)
+    table = rand_block_table(g, max_reqs, 16)
+    qsl = qsl.to(DEV)
+    common = (qsl, positions, table)
+
+    def run_ref(slots):
+        ref.compute_slot_mapping(slots, *common, kernel_block, num_reqs, num_tokens,
+                                 max_num_tokens, -1, kv_block, per_kv, cp, rank, inter)
+
+    def run_tri(slots):
+        tri.compute_slot_mapping(slots, *common, kernel_block, num_reqs, num_tokens,
+                                 max_num_tokens, -1, kv_block, per_kv, cp, rank, inter)
+
+    def run_vllm(slots):
+        vk._compute_slot_mapping_kernel[(num_reqs + 1,)](
+            num_tokens, max_num_tokens, qsl, positions, table, table.stride(0), kernel_block,
+            slots, KV_CACHE_BLOCK_SIZE=kv_block, BLOCKS_PER_KV_BLOCK=per_kv,
+            TOTAL_CP_WORLD_SIZE=cp, TOTAL_CP_RANK=rank, CP_KV_CACHE_INTERLEAVE_SIZE=inter,
+            PAD_ID=-1, BLOCK_SIZE=16,
+        )
+
+    (slots,) = three_ways(run_ref, run_tri, run_vllm, lambda: [poison(max_num_tokens, torch.int64)])
+    assert (slots != SENT).all()
+    assert (slots[:num_tokens] >= 0).any()
+
+
+def test_eagle_step_slot_mapping_metadata(vk):
+    g = torch.Generator().manual_seed(3)
+    batch, padded, max_model_len, block = 6, 9, 40, 4
+    positions = torch.randint(0, max_model_len, (batch,), generator=g)
+    positions[:2] = torch.tensor([max_model_len - 1, max_model_len - 2])  # clamping edge
+    positions = positions.to(DEV)
+    table = rand_block_table(g, batch, 10)
+    seq0 = (positions.cpu() + 1).to(torch.int32)
+
+    def buffers():
+        return [seq0.clone().to(DEV), poison(batch, torch.int64), poison(padded, torch.int64)]
+
+    def run_ref(seq, pos_out, slots):
+        ref.eagle_step_slot_mapping_metadata(positions, table, seq, pos_out, slots, block,
+                                             max_model_len, batch, padded)
+
+    def run_tri(seq, pos_out, slots):
+        tri.eagle_step_slot_mapping_metadata(positions, table, seq, pos_out, slots, block,
+                                             max_model_len, batch, padded)
+
+    def run_vllm(seq, pos_out, slots):
+        vk.eagle_step_slot_mapping_metadata_kernel[(padded,)](
+            positions, table, table.stride(0), seq, pos_out, slots, block_size=block,
+            max_model_len=max_model_len, n_blocks_per_req=table.shape[1], PAD_ID=-1,
+            batch_size=batch,
+        )
+
+    seq, pos_out, slots = three_ways(run_ref, run_tri, run_vllm, buffers)
+    assert (slots != SENT).all() and (pos_out != SENT).all()
+    assert slots[0] == -1 and pos_out[0] == 0 and seq[0] == 1
+
+
+def test_eagle_prepare_inputs_padded(vk):
+    g = torch.Generator().manual_seed(4)
+    num_reqs = 9
+    drafts = torch.randint(0, 4, (num_reqs,), generator=g)
+    cu = drafts.cumsum(0).to(torch.int32).to(DEV)
+    valid = (torch.randint(0, 5, (num_reqs,), generator=g) % (drafts + 1) + 1).to(torch.int32)
+    _, qsl = packed_queries(g, num_reqs, 6, min_q=4)
+    valid, qsl = valid.to(DEV), qsl.to(DEV)
+
+    def buffers():
+        return [poison(num_reqs, torch.int32), poison(num_reqs, torch.int32)]
+
+    (idx, rej) = three_ways(
+        lambda a, b: ref.eagle_prepare_inputs_padded(cu, valid, qsl, a, b, num_reqs),
+        lambda a, b: tri.eagle_prepare_inputs_padded(cu, valid, qsl, a, b, num_reqs),
+        lambda a, b: vk.eagle_prepare_inputs_padded_kernel[(num_reqs,)](
+            cu, valid, qsl, a, b, num_reqs),
+        buffers,
+    )
+    assert (rej >= 0).all() and (rej > 0).any() and (idx != SENT).all()
+
+
+def test_eagle_prepare_next_token_padded(vk):
+    g = torch.Generator().manual_seed(5)
+    num_reqs, cols, vocab = 8, 4, 50
+    sampled = torch.randint(0, vocab + 10, (num_reqs, cols), generator=g, dtype=torch.int32)
+    sampled[torch.rand(num_reqs, cols, generator=g) < 0.4] = -1
+    sampled[1] = -1  # nothing valid -> backup token
+    sampled = sampled.to(DEV)
+    discard = (torch.rand(num_reqs, generator=g) < 0.3).to(DEV)
+    backup = torch.randint(0, vocab, (num_reqs,), generator=g, dtype=torch.int32).to(DEV)
+
+    def buffers():
+        return [poison(num_reqs, torch.int32), poison(num_reqs, torch.int32)]
+
+    nxt, cnt = three_ways(
+        lambda a, b: ref.eagle_prepare_next_token_padded(
+            sampled, discard, backup, a, b, vocab, cols, num_reqs),
+        lambda a, b: tri.eagle_prepare_next_token_padded(
+            sampled, discard, backup, a, b, vocab, cols, num_reqs),
+        lambda a, b: vk.eagle_prepare_next_token_padded_kernel[(num_reqs,)](
+            sampled, discard, backup, a, b, vocab, cols, num_reqs, sampled.stride(0),
+            BLOCK_SIZE_TOKENS=4),
+        buffers,
+    )
+    assert nxt[1] == backup[1].cpu() and cnt[1] == 0
+    assert (cnt > 0).any() and (nxt != SENT).all()
+
+
+@pytest.mark.parametrize("shift", [True, False])
+def test_copy_and_expand_eagle_inputs(vk, shift):
+    g = torch.Generator().manual_seed(6 + shift)
+    num_reqs, P, parallel_id, pad_id = 5, 3, 99, 0
+    q_lens, qsl = packed_queries(g, num_reqs, 6, min_q=2)
+    total_in = int(qsl[-1])
+    rejected = torch.minimum(torch.randint(0, 3, (num_reqs,), generator=g), q_lens - 1)
+    qend = (qsl[1:] - 1 - rejected).to(torch.int32)
+    tokens = torch.randint(0, 90, (total_in,), generator=g, dtype=torch.int32).to(DEV)
+    positions = torch.cat([c + torch.arange(q) for c, q in zip(
+        torch.randint(0, 50, (num_reqs,), generator=g), q_lens)]).to(DEV)
+    nxt = torch.randint(0, 90, (num_reqs,), generator=g, dtype=torch.int32).to(DEV)
+    qsl, qend = qsl.to(DEV), qend.to(DEV)
+    n_out = total_in + num_reqs * P + 4
+
+    def buffers():
+        return [poison(n_out, torch.int32), poison(n_out, torch.int64), poison(n_out, torch.bool),
+                poison(n_out, torch.bool), poison(num_reqs * P, torch.int32),
+                poison(total_in, torch.int32)]
+
+    args = lambda b: (tokens, positions, nxt, *b[:6])  # noqa: E731
+    tail = (qsl, qend, pad_id, parallel_id, total_in, P, shift)
+    block = 8
+    grid = (num_reqs, (int(q_lens.max()) + P + block - 1) // block)
+
+    out = three_ways(
+        lambda *b: ref.copy_and_expand_eagle_inputs(*args(b), *tail, num_reqs),
+        lambda *b: tri.copy_and_expand_eagle_inputs(*args(b), *tail, num_reqs),
+        lambda *b: vk.copy_and_expand_eagle_inputs_kernel[grid](
+            target_token_ids_ptr=tokens, target_positions_ptr=positions, next_token_ids_ptr=nxt,
+            out_input_ids_ptr=b[0], out_positions_ptr=b[1], out_is_rejected_token_mask_ptr=b[2],
+            out_is_masked_token_mask_ptr=b[3], out_new_token_indices_ptr=b[4],
+            out_hidden_state_mapping_ptr=b[5], query_start_loc_ptr=qsl, query_end_loc_ptr=qend,
+            padding_token_id=pad_id, parallel_drafting_token_id=parallel_id,
+            total_input_tokens=total_in, num_padding_slots_per_request=P,
+            # int, not bool: Triton's interpreter cannot take a Python bool for a runtime arg.
+            shift_input_ids=int(shift), BLOCK_SIZE_TOKENS=block),
+        buffers,
+    )
+    written = total_in + num_reqs * (P - 1 if shift else P)
+    assert (out[0][:written] != SENT).all() and (out[0][written:] == SENT).all()
+    assert (out[4] != SENT).all() and out[3][:written].any() and out[2][:written].any()
+
+
+@pytest.mark.parametrize("with_rejected", [True, False])
+def test_copy_and_expand_dflash_inputs(vk, with_rejected):
+    g = torch.Generator().manual_seed(8 + with_rejected)
+    num_reqs, S, block, parallel_id = 4, 3, 4, 77
+    Q = S + 1
+    q_lens, qsl = packed_queries(g, num_reqs, 5, min_q=3)
+    total_in = int(qsl[-1])
+    positions = torch.cat([c + torch.arange(q) for c, q in zip(
+        torch.randint(0, 20, (num_reqs,), generator=g), q_lens)]).to(DEV)
+    rejected = torch.randint(0, 3, (num_reqs,), generator=g, dtype=torch.int32).to(DEV)
+    nxt = torch.randint(0, 90, (num_reqs,), generator=g, dtype=torch.int32).to(DEV)
+    table = rand_block_table(g, 6, 12)
+    qsl = qsl.to(DEV)
+
+    def buffers():
+        return [poison(num_reqs * Q, torch.int32), poison(total_in, torch.int64),
+                poison(num_reqs * Q, torch.int64), poison(total_in, torch.int64),
+                poison(num_reqs * Q, torch.int64), poison(num_reqs * S, torch.int32)]
+
+    rej = rejected if with_rejected else None
+    grid = (num_reqs, 2)
+    out = three_ways(
+        lambda *b: ref.copy_and_expand_dflash_inputs(
+            nxt, positions, *b, table, qsl, rej, parallel_id, block, Q, S, total_in, num_reqs),
+        lambda *b: tri.copy_and_expand_dflash_inputs(
+            nxt, positions, *b, table, qsl, rej, parallel_id, block, Q, S, total_in, num_reqs),
+        lambda *b: vk.copy_and_expand_dflash_inputs_kernel[grid](
+            next_token_ids_ptr=nxt, target_positions_ptr=positions, out_input_ids_ptr=b[0],
+            out_context_positions_ptr=b[1], out_query_positions_ptr=b[2],
+            out_context_slot_mapping_ptr=b[3], out_query_slot_mapping_ptr=b[4],
+            out_token_indices_ptr=b[5], block_table_ptr=table,
+            block_table_stride=table.stride(0), query_start_loc_ptr=qsl,
+            num_rejected_tokens_ptr=rejected if with_rejected else 0,
+            parallel_drafting_token_id=parallel_id, block_size=block, num_query_per_req=Q,
+            num_speculative_tokens=S, total_input_tokens=total_in, BLOCK_SIZE=8,
+            HAS_NUM_REJECTED=with_rejected),
+        buffers,
+    )
+    assert all((b != SENT).all() for b in out)
+
+
+def test_vllm_shims_take_vllm_launches():
+    g = torch.Generator().manual_seed(12)
+    shims = shim_table(("torch",))
+    # block_table.py: grid (num_reqs + 1,), request count recovered from the grid.
+    num_reqs, max_num_tokens, block = 3, 20, 4
+    q_lens, qsl = packed_queries(g, num_reqs, 5, min_q=1)
+    positions = torch.cat([5 + torch.arange(q) for q in q_lens]).to(DEV)
+    table = rand_block_table(g, 6, 8)
+    qsl = qsl.to(DEV)
+    got = poison(max_num_tokens, torch.int64)
+    shims[("vllm.v1.worker.block_table", "_compute_slot_mapping_kernel")][(num_reqs + 1,)](
+        positions.shape[0], max_num_tokens, qsl, positions, table, table.stride(0), block, got,
+        KV_CACHE_BLOCK_SIZE=block, BLOCKS_PER_KV_BLOCK=1, TOTAL_CP_WORLD_SIZE=1,
+        TOTAL_CP_RANK=0, CP_KV_CACHE_INTERLEAVE_SIZE=1, PAD_ID=-1, BLOCK_SIZE=1024,
+    )
+    want = poison(max_num_tokens, torch.int64)
+    ref.compute_slot_mapping(want, qsl, positions, table, block, num_reqs, positions.shape[0],
+                             max_num_tokens)
+    assert torch.equal(got, want) and (got != SENT).all()
+    # llm_base_proposer.py launch of the next-token kernel (positional, BLOCK kwarg).
+    sampled = torch.tensor([[3, -1, -1], [4, 5, 9], [-1, -1, -1]], dtype=torch.int32, device=DEV)
+    nxt, cnt = poison(3, torch.int32), poison(3, torch.int32)
+    key = ("vllm.v1.spec_decode.llm_base_proposer", "eagle_prepare_next_token_padded_kernel")
+    shims[key][(3,)](sampled, torch.zeros(3, dtype=torch.bool, device=DEV),
+                     torch.tensor([7, 7, 7], dtype=torch.int32, device=DEV), nxt, cnt, 50, 3, 3,
+                     sampled.stride(0), BLOCK_SIZE_TOKENS=4)
+    assert nxt.tolist() == [3, 9, 7] and cnt.tolist() == [1, 3, 0]
+    # utils.py launch of the EAGLE step kernel: padded rows come from the grid.
+    seq = torch.tensor([4, 8], dtype=torch.int32, device=DEV)
+    pos_out, slots = poison(2, torch.int64), poison(4, torch.int64)
+    bt = torch.arange(8, dtype=torch.int32, device=DEV).view(2, 4)
+    shims[("vllm.v1.spec_decode.utils", "eagle_step_slot_mapping_metadata_kernel")][(4,)](
+        torch.tensor([3, 7], device=DEV), bt, bt.stride(0), seq, pos_out, slots, block_size=4,
+        max_model_len=100, n_blocks_per_req=4, PAD_ID=-1, batch_size=2,
+    )
+    assert pos_out.tolist() == [4, 8] and seq.tolist() == [5, 9]
+    assert slots.tolist() == [1 * 4 + 0, 6 * 4 + 0, -1, -1]
