@@ -33,11 +33,12 @@ setup(
     package_data={"specdec_plugin": ["assets/**/*"]},
     python_requires=">=3.10",
     install_requires=["vllm==0.26.0", "gguf", "accelerate", "openai"],
+    extras_require={"test": ["pytest"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     entry_points={
         "vllm.platform_plugins": ["specdec = specdec_plugin:register"],
-        "vllm.general_plugins": ["specdec_input_checks = specdec_plugin.patches.engine_args:apply"],
+        "vllm.general_plugins": ["specdec_engine_patches = specdec_plugin.patches:apply_engine_patches"],
         "console_scripts": ["specdec-models = specdec_plugin.models.cli:main"],
     },
 )

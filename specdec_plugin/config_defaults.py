@@ -5,6 +5,7 @@ vLLM rebuilds a config (the drafter does); every step here is idempotent.
 """
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from vllm.logger import init_logger
@@ -27,6 +28,9 @@ _FUSION_PASSES = (
 
 def apply_defaults(config: "VllmConfig", device: "DeviceLayer", worker_cls: str) -> None:
     from vllm.config.compilation import CompilationMode, CUDAGraphMode
+
+    for name, value in device.process_env.items():
+        os.environ.setdefault(name, value)
 
     parallel = config.parallel_config
     if parallel.worker_cls == "auto":

@@ -14,8 +14,12 @@ from __future__ import annotations
 import os
 import sys
 
-import pytest
-import torch
+# OpenMP threads must not spin in the test process either (see specdec_plugin/device/cpu.py);
+# the OpenMP runtime reads this when torch loads it, so it must precede `import torch`.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # `python -m pytest` puts the repo root on sys.path, plain `pytest` does not.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,17 +16,23 @@ def _load(model_path: str):
 
 
 def hf_greedy_token_ids(model_path: str, prompt_token_ids: list[int], max_tokens: int) -> list[int]:
-    """The first ``max_tokens`` greedy tokens after the prompt, ignoring EOS like vLLM's
-    ``ignore_eos=True``."""
+    """The first ``max_tokens`` greedy tokens after the prompt, going on past EOS like vLLM's
+    ``ignore_eos=True``. A plain argmax loop: ``generate(min_new_tokens=...)`` would instead
+    forbid EOS, which changes the output."""
     import torch
 
     _, model = _load(model_path)
+    ids = torch.tensor([prompt_token_ids])
+    out: list[int] = []
+    past = None
     with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt_token_ids]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-            do_sample=False, num_beams=1, pad_token_id=0,
-        )
-    return out[0, len(prompt_token_ids):].tolist()
+        for _ in range(max_tokens):
+            result = model(input_ids=ids, past_key_values=past, use_cache=True)
+            past = result.past_key_values
+            token = int(result.logits[0, -1].argmax())
+            out.append(token)
+            ids = torch.tensor([[token]])
+    return out
 
 
 def tokenize(model_path: str, text: str) -> list[int]:

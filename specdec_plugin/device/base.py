@@ -23,6 +23,9 @@ class DeviceLayer:
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32,)
     supports_graphs: ClassVar[bool] = False
     pin_memory: ClassVar[bool] = False
+    # Environment defaults for the engine and worker processes vLLM starts (set in the user's
+    # process before they start; a value the user set wins).
+    process_env: ClassVar[dict[str, str]] = {}
     # The PyTorch package a user installs to get this device, for error messages.
     install_hint: ClassVar[str] = ""
 

@@ -43,19 +43,46 @@ P6 input checks before ``ModelConfig`` (``EngineArgs.create_engine_config``, pat
    Installed from the ``vllm.general_plugins`` entry point (vLLM loads it in
    ``EngineArgs.__post_init__``), unlike P1-P5 which are applied in workers.
    When it can go: when a platform hook receives the engine arguments before ModelConfig.
+
+P7 proposer classes the V1 runner builds (patches/proposers.py ``PROPOSERS``)
+   Why: the runner picks its drafter class by name with no plugin hook (``custom_class`` gets
+   neither the input batch nor a runner), and type-checks it with the same names.
+   What: those names are rebound to our subclasses (n-gram and suffix proposers on csrc/).
+   When it can go: when vLLM lets a platform register proposers per method.
+
+P8 ``vllm.config.speculative.has_arctic_inference`` (patches/suffix_config.py)
+   Why: ``SpeculativeConfig`` rejects ``method="suffix"`` unless arctic-inference is
+   installed; our suffix proposer does not use it.
+   What: the check asks whether our C++ index loads instead. Process 0, like P6.
+   When it can go: when the suffix proposer is pluggable.
 """
 from __future__ import annotations
 
-_applied = False
+from specdec_plugin import envs
+
+_applied: set[str] = set()
 
 
 def apply_worker_patches() -> None:
-    global _applied
-    if _applied:
+    """P1-P3, P7: in a worker process, before the model runner is built."""
+    if "worker" in _applied:
         return
-    from specdec_plugin.patches import repetition_penalty, vllm_kernels, warmup
+    from specdec_plugin.patches import proposers, repetition_penalty, vllm_kernels, warmup
 
     warmup.apply()
     vllm_kernels.apply()
     repetition_penalty.apply()
-    _applied = True
+    proposers.apply()
+    _applied.add("worker")
+
+
+def apply_engine_patches() -> None:
+    """P6, P8: entry point of ``vllm.general_plugins`` (every vLLM process, first of all the
+    one that builds the engine config). A no-op when the plugin is disabled."""
+    if "engine" in _applied or envs.disabled():
+        return
+    from specdec_plugin.patches import engine_args, suffix_config
+
+    engine_args.apply()
+    suffix_config.apply()
+    _applied.add("engine")

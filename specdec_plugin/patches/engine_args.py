@@ -10,8 +10,6 @@ from __future__ import annotations
 import functools
 import os
 
-from specdec_plugin import envs
-
 
 def _looks_local(path: str) -> bool:
     return os.path.isabs(path) or path.startswith((".", "~"))
@@ -55,9 +53,6 @@ def _checked(create_engine_config):
 
 
 def apply() -> None:
-    """Entry point of ``vllm.general_plugins``: idempotent, a no-op when the plugin is disabled."""
-    if envs.disabled():
-        return
     from vllm.engine.arg_utils import EngineArgs
 
     if not getattr(EngineArgs.create_engine_config, "__specdec_checked__", False):

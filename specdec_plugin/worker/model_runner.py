@@ -1,7 +1,8 @@
-"""The model runner: vLLM's V1 ``GPUModelRunner`` with device work routed to the device layer.
+"""The model runner: vLLM's V1 ``GPUModelRunner`` with device work routed to the device layer
+and our rejection sampler in place of vLLM's.
 
-Speculative decoding plugs in here: the runner swaps vLLM's rejection sampler and proposers
-for ours (``specdec_plugin.spec_decode``) once it is constructed.
+Our proposers are built by the parent constructor itself (see patch P7); the rejection
+sampler is replaced here, after construction, since the runner has no hook for it.
 """
 from __future__ import annotations
 
@@ -10,11 +11,18 @@ from vllm.config import VllmConfig
 from vllm.platforms import current_platform
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+from specdec_plugin.spec_decode.rejection_sampler import SpecDecRejectionSampler
+
 
 class SpecDecModelRunner(GPUModelRunner):
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
         super().__init__(vllm_config, device)
         self.device_layer = current_platform.device
+        if hasattr(self, "rejection_sampler"):
+            self.rejection_sampler = SpecDecRejectionSampler(
+                self.sampler, self.speculative_config, self.device,
+                providers=self.device_layer.kernel_providers,
+            )
 
     def _sync_device(self) -> None:
         self.device_layer.synchronize()
