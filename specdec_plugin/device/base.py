@@ -23,6 +23,10 @@ class DeviceLayer:
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32,)
     supports_graphs: ClassVar[bool] = False
     pin_memory: ClassVar[bool] = False
+    # vLLM's warm-up samples once at the largest batch to pre-allocate device memory; where
+    # memory is not pre-allocated that only costs time (a full-vocabulary sort per row on CPU),
+    # so it may be capped. None: vLLM's size.
+    sampler_warmup_max_rows: ClassVar[int | None] = None
     # Environment defaults for the engine and worker processes vLLM starts (set in the user's
     # process before they start; a value the user set wins).
     process_env: ClassVar[dict[str, str]] = {}

@@ -60,6 +60,7 @@ class CpuDevice(DeviceLayer):
     device_control_env_var: ClassVar[str] = "SPECDEC_CPU_VISIBLE_DEVICES"
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32, torch.bfloat16)
     install_hint: ClassVar[str] = "any torch build"
+    sampler_warmup_max_rows: ClassVar[int | None] = 8
     process_env: ClassVar[dict[str, str]] = {
         # A process forked after torch ran multi-threaded CPU work inherits a dead OpenMP pool
         # and hangs at its first parallel op (seen: torch.zeros in InputBatch); spawn is clean.

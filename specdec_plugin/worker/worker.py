@@ -20,6 +20,9 @@ from specdec_plugin.worker.model_runner import SpecDecModelRunner
 
 logger = init_logger(__name__)
 
+# Tokens in the start-up forward pass on devices whose memory is not profiled.
+PROFILE_TOKENS = 64
+
 
 class SpecDecWorker(Worker):
     @property
@@ -60,9 +63,11 @@ class SpecDecWorker(Worker):
     def determine_available_memory(self) -> int:
         if self.device_layer.measures_memory():
             return super().determine_available_memory()
-        # No device memory to measure: run the profiling pass for its side effects (it also
-        # exercises every kernel once), then grant the configured KV-cache budget.
-        self.model_runner.profile_run()
+        # No device memory to measure, so no full-size profiling pass (on CPU it took most of
+        # the engine start): one short forward and sampling pass exercise every kernel once.
+        runner = self.model_runner
+        _, last_hidden_states = runner._dummy_run(min(runner.max_num_tokens, PROFILE_TOKENS), is_profile=True)
+        runner._dummy_sampler_run(last_hidden_states)
         budget = self.cache_config.kv_cache_memory_bytes or envs.cpu_kv_cache_bytes()
         logger.info("specdec_plugin: KV cache budget on %s: %s GiB", self.device_layer.name, format_gib(budget))
         return int(budget)

@@ -1,0 +1,88 @@
+"""Speculative decoding is lossless under greedy sampling: for every method, output with
+speculation equals output without it (fp32, CPU), 16 prompts x 64 tokens. Any difference must
+be a near-tie of the target's logits (top-2 gap under 1e-4), which the test then checks."""
+from __future__ import annotations
+
+import pytest
+
+from tests.prompts import SPEC_PROMPTS
+from tests.spec_configs import K, spec_config
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = 64
+METHODS = ["ngram", "suffix", "draft_model_self"]
+
+
+def _greedy(llm, prompts, max_tokens=MAX_TOKENS):
+    from vllm import SamplingParams
+
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def _spec_counters(llm) -> dict:
+    counters = {}
+    for metric in llm.get_metrics():
+        if metric.name.startswith("vllm:spec_decode"):
+            counters[metric.name] = getattr(metric, "values", None) or getattr(metric, "value", None)
+    return counters
+
+
+@pytest.fixture(scope="module")
+def baseline(engines, smollm2_path):
+    llm = engines.get(smollm2_path, enable_prefix_caching=False)
+    return _greedy(llm, SPEC_PROMPTS)
+
+
+def _top2_gap(smollm2_path, prefix_ids):
+    """Gap between the target's two largest next-token logits after ``prefix_ids`` (fp32)."""
+    import torch
+
+    from tests.hf_reference import _load
+
+    _, model = _load(smollm2_path)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prefix_ids])).logits[0, -1]
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_greedy_output_unchanged_by_speculation(engines, smollm2_path, baseline, method):
+    from tests.hf_reference import tokenize
+
+    llm = engines.get(smollm2_path, enable_prefix_caching=False, disable_log_stats=False,
+                      speculative_config=spec_config(method, smollm2_path))
+    before = _spec_counters(llm)
+    got = _greedy(llm, SPEC_PROMPTS)
+    after = _spec_counters(llm)
+    assert len(got) == len(SPEC_PROMPTS) >= 16
+    for prompt, want, have in zip(SPEC_PROMPTS, baseline, got):
+        if have == want:
+            continue
+        first = next(i for i, (a, b) in enumerate(zip(want, have)) if a != b)
+        prefix = tokenize(smollm2_path, prompt) + want[:first]
+        gap = _top2_gap(smollm2_path, prefix)
+        assert gap < 1e-4, (f"{method}: output diverges at token {first} of {prompt!r} where the "
+                            f"target's top-2 logit gap is {gap:.3g} (not a tie): a bug")
+    # Speculation really happened (so the equality above is not vacuous).
+    drafted = after["vllm:spec_decode_num_draft_tokens"] - before.get("vllm:spec_decode_num_draft_tokens", 0)
+    accepted = after["vllm:spec_decode_num_accepted_tokens"] - before.get("vllm:spec_decode_num_accepted_tokens", 0)
+    assert drafted > 0 and accepted > 0, after
+
+
+def test_draft_equal_to_target_accepts_everything(engines, smollm2_path):
+    llm = engines.get(smollm2_path, enable_prefix_caching=False, disable_log_stats=False,
+                      speculative_config=spec_config("draft_model_self", smollm2_path))
+    before = _spec_counters(llm)
+    _greedy(llm, SPEC_PROMPTS[:4], max_tokens=32)
+    after = _spec_counters(llm)
+    drafts = after["vllm:spec_decode_num_drafts"] - before.get("vllm:spec_decode_num_drafts", 0)
+    drafted = after["vllm:spec_decode_num_draft_tokens"] - before.get("vllm:spec_decode_num_draft_tokens", 0)
+    accepted = after["vllm:spec_decode_num_accepted_tokens"] - before.get("vllm:spec_decode_num_accepted_tokens", 0)
+    assert drafts > 0
+    assert accepted == drafted, after
+    # Mean acceptance length: every step yields its K drafts plus the bonus token, except
+    # where a request's last step is cut short by max_tokens.
+    assert 1 + accepted / drafts > K + 1 - 0.2
