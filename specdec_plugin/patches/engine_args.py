@@ -45,7 +45,16 @@ def _checked(create_engine_config):
     def create_engine_config_checked(self, *args, **kwargs):
         check_model_path("model", self.model)
         if self.speculative_config is not None:
-            check_model_path("speculative_config.model", _speculative_model(self.speculative_config))
+            from specdec_plugin.spec_decode.config_checks import validate_speculative_config
+
+            spec = self.speculative_config
+            if isinstance(spec, str):  # `--speculative-config '{...}'` arrives parsed; be safe
+                import json
+
+                spec = json.loads(spec)
+            if _speculative_model(spec) not in ("ngram", "[ngram]"):
+                check_model_path("speculative_config.model", _speculative_model(spec))
+            validate_speculative_config(spec, self.model)
         return create_engine_config(self, *args, **kwargs)
 
     create_engine_config_checked.__specdec_checked__ = True
