@@ -50,7 +50,8 @@ def _check_architecture(config: "VllmConfig", device: "DeviceLayer") -> None:
         (model.is_moe and device.name == "cpu", "mixture-of-experts layers (Triton-only in vLLM)"),
         (model.get_sliding_window() is not None, "sliding-window attention"),
         (getattr(model.hf_text_config, "attn_logit_softcapping", None), "attention logit soft-capping"),
-        (model.runner_type != "generate", f"runner={model.runner_type!r} (pooling)"),
+        # "draft" is the runner type vLLM gives a draft model's own config.
+        (model.runner_type not in ("generate", "draft"), f"runner={model.runner_type!r} (pooling)"),
     ]
     for present, feature in unsupported:
         if present:

@@ -7,7 +7,7 @@ import json
 
 class EnginePool:
     # Keep at most this many engines alive (each holds a model and a KV cache in memory).
-    MAX_ALIVE = 3
+    MAX_ALIVE = 4
 
     def __init__(self) -> None:
         self._engines: dict[str, object] = {}

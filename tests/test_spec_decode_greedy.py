@@ -3,6 +3,10 @@ speculation equals output without it (fp32, CPU), 16 prompts x 64 tokens. Any di
 be a near-tie of the target's logits (top-2 gap under 1e-4), which the test then checks."""
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 
 from tests.prompts import SPEC_PROMPTS
@@ -12,6 +16,25 @@ pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 64
 METHODS = ["ngram", "suffix", "draft_model_self"]
+
+# Per-position acceptance of each method on SPEC_PROMPTS (greedy, 64 tokens), recorded from a
+# run of this test with SPECDEC_RECORD_GOLDENS=1. A drafting or verification bug moves these.
+GOLDENS = Path(__file__).parent / "goldens" / "acceptance.json"
+TOLERANCE = 0.05
+
+
+def _check_golden(method: str, per_position: list[float]) -> None:
+    goldens = json.loads(GOLDENS.read_text()) if GOLDENS.exists() else {}
+    if os.environ.get("SPECDEC_RECORD_GOLDENS") == "1":
+        goldens[method] = [round(p, 4) for p in per_position]
+        GOLDENS.write_text(json.dumps(goldens, indent=1, sort_keys=True) + "\n")
+        return
+    assert method in goldens, f"no golden for {method}: record with SPECDEC_RECORD_GOLDENS=1"
+    want = goldens[method]
+    assert len(per_position) == len(want)
+    for pos, (have, expect) in enumerate(zip(per_position, want)):
+        assert abs(have - expect) <= TOLERANCE, (
+            f"{method}: acceptance at position {pos + 1} is {have:.3f}, golden {expect:.3f}")
 
 
 def _greedy(llm, prompts, max_tokens=MAX_TOKENS):
@@ -70,6 +93,10 @@ def test_greedy_output_unchanged_by_speculation(engines, smollm2_path, baseline,
     drafted = after["vllm:spec_decode_num_draft_tokens"] - before.get("vllm:spec_decode_num_draft_tokens", 0)
     accepted = after["vllm:spec_decode_num_accepted_tokens"] - before.get("vllm:spec_decode_num_accepted_tokens", 0)
     assert drafted > 0 and accepted > 0, after
+    drafts = after["vllm:spec_decode_num_drafts"] - before.get("vllm:spec_decode_num_drafts", 0)
+    per_pos = after["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    per_pos_before = before.get("vllm:spec_decode_num_accepted_tokens_per_pos") or [0] * len(per_pos)
+    _check_golden(method, [(a - b) / drafts for a, b in zip(per_pos, per_pos_before)])
 
 
 def test_draft_equal_to_target_accepts_everything(engines, smollm2_path):

