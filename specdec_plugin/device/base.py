@@ -2,7 +2,6 @@
 the worker and model runner call where devices really differ."""
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
 from typing import ClassVar
 
 import torch
@@ -69,10 +68,6 @@ class DeviceLayer:
 
     def prepare_worker_process(self) -> None:
         """Process-wide setup in a worker before the model runner exists (threads, patches)."""
-
-    def runner_construction(self) -> AbstractContextManager:
-        """Context in which vLLM's GPUModelRunner.__init__ runs (stand-ins for absent APIs)."""
-        return nullcontext()
 
     def measures_memory(self) -> bool:
         """True if vLLM's own memory profiler works here (it needs torch.accelerator stats)."""

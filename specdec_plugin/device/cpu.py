@@ -6,7 +6,7 @@ Triton kernels are placeholders and ``torch.cuda``/``torch.accelerator`` have no
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from contextlib import nullcontext
 from typing import ClassVar
 
 import torch
@@ -95,19 +95,16 @@ class CpuDevice(DeviceLayer):
     def prepare_worker_process(self) -> None:
         # vLLM sets one thread for non-CPU platforms; the torch reference kernels want all cores.
         torch.set_num_threads(envs.cpu_threads())
-        # With a CUDA torch on a GPU-less machine, torch.accelerator.* raise on first use, and
-        # the V1 runner calls synchronize/empty_cache in profiling and cleanup. Patch P4.
-        if not torch.accelerator.is_available():
-            torch.accelerator.synchronize = _noop
-            torch.accelerator.empty_cache = _noop
-
-    @contextmanager
-    def runner_construction(self):
-        # GPUModelRunner.__init__ builds CUDA events and streams unconditionally; on CPU they
-        # fail at first use. Stand-ins are installed only while it runs. Patch P5.
-        saved = (torch.Event, torch.cuda.Event, torch.cuda.Stream)
-        torch.Event, torch.cuda.Event, torch.cuda.Stream = _EventStandIn, _EventStandIn, _StreamStandIn
-        try:
-            yield
-        finally:
-            torch.Event, torch.cuda.Event, torch.cuda.Stream = saved
+        if torch.accelerator.is_available():
+            return  # a real accelerator is present; leave torch alone
+        # With a CUDA torch on a GPU-less machine these raise on first use, and the V1 runner
+        # calls them in construction, profiling, cleanup and (for EAGLE-family drafters) every
+        # step. This process only ever computes on the CPU, so host stand-ins are installed for
+        # its lifetime. Patches P4 and P5.
+        torch.accelerator.synchronize = _noop
+        torch.accelerator.empty_cache = _noop
+        torch.Event = _EventStandIn
+        torch.cuda.Event = _EventStandIn
+        torch.cuda.Stream = _StreamStandIn
+        torch.cuda.current_stream = lambda *args, **kwargs: _StreamStandIn()
+        torch.cuda.stream = lambda *args, **kwargs: nullcontext()

@@ -30,10 +30,12 @@ P4 ``torch.accelerator.synchronize`` / ``empty_cache`` on a GPU-less machine (de
    What: no-ops, only when torch reports no accelerator.
    When it can go: when the runner routes these through ``Platform``.
 
-P5 ``torch.Event`` / ``torch.cuda.Event`` / ``torch.cuda.Stream`` while the runner is built, on
-   CPU (device/cpu.py ``runner_construction``)
-   Why: ``GPUModelRunner.__init__`` creates CUDA events and streams unconditionally.
-   What: host stand-ins, only for the duration of ``__init__``; restored afterwards.
+P5 ``torch.Event``, ``torch.cuda.Event/Stream/current_stream/stream`` in a CPU worker process
+   (device/cpu.py ``prepare_worker_process``)
+   Why: ``GPUModelRunner`` creates CUDA events and streams unconditionally, and uses streams
+   at run time for drafter outputs (EAGLE family); with no GPU they raise.
+   What: host stand-ins for the life of the worker process, only when torch has no
+   accelerator (that process computes on the CPU only).
    When it can go: when the runner asks the platform for events and streams.
 
 P6 input checks before ``ModelConfig`` (``EngineArgs.create_engine_config``, patches/engine_args.py)
@@ -55,6 +57,12 @@ P8 ``vllm.config.speculative.has_arctic_inference`` (patches/suffix_config.py)
    installed; our suffix proposer does not use it.
    What: the check asks whether our C++ index loads instead. Process 0, like P6.
    When it can go: when the suffix proposer is pluggable.
+
+P9 ``vllm.v1.worker.gpu_model_runner.bind_kv_cache`` (patches/bind_kv_cache.py)
+   Why: with a draft model of the target's architecture two attention layers share a layer
+   index; vLLM accepts that only for CUDA/XPU/its CPU platform and raises for others.
+   What: the same binding without the platform check (the runner handles it the same way).
+   When it can go: when the check covers out-of-tree platforms that use the V1 runner.
 """
 from __future__ import annotations
 
@@ -64,11 +72,18 @@ _applied: set[str] = set()
 
 
 def apply_worker_patches() -> None:
-    """P1-P3, P7: in a worker process, before the model runner is built."""
+    """P1-P3, P7, P9: in a worker process, before the model runner is built."""
     if "worker" in _applied:
         return
-    from specdec_plugin.patches import proposers, repetition_penalty, vllm_kernels, warmup
+    from specdec_plugin.patches import (
+        bind_kv_cache,
+        proposers,
+        repetition_penalty,
+        vllm_kernels,
+        warmup,
+    )
 
+    bind_kv_cache.apply()
     warmup.apply()
     vllm_kernels.apply()
     repetition_penalty.apply()

@@ -51,8 +51,7 @@ class SpecDecWorker(Worker):
             self.requested_memory = request_memory(self.init_snapshot, self.cache_config)
 
         init_workspace_manager(self.device, 2 if self.parallel_config.enable_dbo else 1)
-        with layer.runner_construction():
-            self.model_runner = SpecDecModelRunner(self.vllm_config, self.device)
+        self.model_runner = SpecDecModelRunner(self.vllm_config, self.device)
 
     def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:
         # vLLM's sleep-mode allocator exists only for CUDA/ROCm/XPU and raises for an
