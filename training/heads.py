@@ -1,0 +1,243 @@
+"""Draft heads in plain torch, computing exactly what vLLM 0.26's draft classes compute.
+
+Alignment (as vLLM's EAGLE proposer feeds drafters): drafter position p receives the target's
+hidden state at p and the embedding of token x[p+1], and its logits predict x[p+2].
+
+- Eagle1Head  == llama_eagle.EagleLlamaForCausalLM: fc(cat(emb, h)) -> decoder layer without
+  input norm -> (h + residual); logits = target lm_head(out) (no norm); out is fed back.
+- Eagle3Head  == llama_eagle3.Eagle3LlamaForCausalLM: h0 = fc(cat(aux3)); layer 0 attends over
+  cat(input_layernorm(emb), hidden_norm(h)); residual = h; final norm -> own lm_head over a reduced
+  draft vocab; the pre-norm output is fed back.
+- MtpHead     == mimo_mtp.MiMoMultiTokenPredictorLayer: input_proj(cat(hidden_norm(h),
+  token_norm(emb))) -> Qwen2 decoder layer -> final_layernorm -> target lm_head; the normed
+  output is fed back; embeddings at position 0 are zeroed.
+
+Chaining ("training-time test"): step j at position q continues the chain that started at
+q-j+1. Its attention sees step-1 keys (teacher-forced) at positions <= q-j+1 and, for each
+earlier step i of the same chain, the step-i key at position q-j+i. Tokens stay teacher-forced
+(a chain only counts while every drafted token was right, and then they equal the text).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_tables(length: int, head_dim: int, theta: float, device):
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    freqs = torch.outer(torch.arange(length, device=device).float(), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+def chain_mask(length: int, step: int, device) -> torch.Tensor:
+    """Bool [L, step*L]: which keys a step-`step` query may see (see module docstring)."""
+    q = torch.arange(length, device=device)[:, None]
+    k = torch.arange(length, device=device)[None, :]
+    blocks = [k <= q - step + 1]
+    for i in range(2, step + 1):
+        blocks.append(k == q - step + i)
+    return torch.cat(blocks, dim=1)
+
+
+class Attention(nn.Module):
+    def __init__(self, in_dim, hidden, n_heads, n_kv, head_dim, theta):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim, self.theta = n_heads, n_kv, head_dim, theta
+        self.q_proj = nn.Linear(in_dim, n_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(in_dim, n_kv * head_dim, bias=False)
+        self.v_proj = nn.Linear(in_dim, n_kv * head_dim, bias=False)
+        self.o_proj = nn.Linear(n_heads * head_dim, hidden, bias=False)
+
+    def forward(self, x, cache: list):
+        """x [B, L, in]; cache holds (k, v) of earlier chain steps and gets this step's."""
+        b, length, _ = x.shape
+        q = self.q_proj(x).view(b, length, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, length, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, length, self.n_kv, self.head_dim).transpose(1, 2)
+        cos, sin = rope_tables(length, self.head_dim, self.theta, x.device)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.append((k, v))
+        step = len(cache)
+        keys = torch.cat([c[0] for c in cache], dim=2)
+        values = torch.cat([c[1] for c in cache], dim=2)
+        rep = self.n_heads // self.n_kv
+        keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
+        if step == 1:
+            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True)
+        else:
+            mask = chain_mask(length, step, x.device)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, length, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden, inter):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TargetShape:
+    """The handful of target facts every head needs."""
+
+    def __init__(self, hidden=576, n_heads=9, n_kv=3, head_dim=64, inter=1536, eps=1e-5,
+                 theta=1e5, vocab=49152):
+        self.hidden, self.n_heads, self.n_kv, self.head_dim = hidden, n_heads, n_kv, head_dim
+        self.inter, self.eps, self.theta, self.vocab = inter, eps, theta, vocab
+
+
+class Eagle1Head(nn.Module):
+    def __init__(self, t: TargetShape, inter: int):
+        super().__init__()
+        d = t.hidden
+        self.fc = nn.Linear(2 * d, d, bias=False)
+        self.self_attn = Attention(d, d, t.n_heads, t.n_kv, t.head_dim, t.theta)
+        self.post_attention_layernorm = RMSNorm(d, t.eps)
+        self.mlp = MLP(d, inter)
+
+    def first_hidden(self, batch):
+        return batch["post"]
+
+    def step(self, hidden, emb, cache, lm_head_weight):
+        x = self.fc(torch.cat((emb, hidden), dim=-1))
+        h = x + self.self_attn(x, cache)
+        out = h + self.mlp(self.post_attention_layernorm(h))
+        return out, F.linear(out, lm_head_weight)
+
+    def export_tensors(self) -> dict:
+        sd = {f"layers.0.{k}": v for k, v in self.state_dict().items() if not k.startswith("fc.")}
+        sd["fc.weight"] = self.fc.weight
+        return sd
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, t: TargetShape, inter: int, draft_vocab_ids: torch.Tensor):
+        super().__init__()
+        d = t.hidden
+        self.fc = nn.Linear(3 * d, d, bias=False)
+        self.input_layernorm = RMSNorm(d, t.eps)
+        self.hidden_norm = RMSNorm(d, t.eps)
+        self.self_attn = Attention(2 * d, d, t.n_heads, t.n_kv, t.head_dim, t.theta)
+        self.post_attention_layernorm = RMSNorm(d, t.eps)
+        self.mlp = MLP(d, inter)
+        self.norm = RMSNorm(d, t.eps)
+        self.lm_head = nn.Linear(d, len(draft_vocab_ids), bias=False)
+        self.register_buffer("vocab_ids", draft_vocab_ids.clone(), persistent=False)
+        self.target_vocab = t.vocab
+
+    def first_hidden(self, batch):
+        return self.fc(batch["aux"])
+
+    def step(self, hidden, emb, cache, lm_head_weight):
+        del lm_head_weight  # own (reduced-vocab) head
+        x = torch.cat((self.input_layernorm(emb), self.hidden_norm(hidden)), dim=-1)
+        h = hidden + self.self_attn(x, cache)
+        pre = h + self.mlp(self.post_attention_layernorm(h))
+        return pre, self.lm_head(self.norm(pre))
+
+    def export_tensors(self) -> dict:
+        layer = ("input_layernorm", "hidden_norm", "self_attn", "post_attention_layernorm", "mlp")
+        sd = {}
+        for k, v in self.state_dict().items():
+            sd[f"midlayer.{k}" if k.startswith(layer) else k] = v
+        ids = self.vocab_ids.long().cpu()
+        sd["d2t"] = ids - torch.arange(len(ids))
+        t2d = torch.zeros(self.target_vocab, dtype=torch.bool)
+        t2d[ids] = True
+        sd["t2d"] = t2d
+        return sd
+
+
+class MtpHead(nn.Module):
+    def __init__(self, t: TargetShape):
+        super().__init__()
+        d = t.hidden
+        self.token_layernorm = RMSNorm(d, t.eps)
+        self.hidden_layernorm = RMSNorm(d, t.eps)
+        self.input_proj = nn.Linear(2 * d, d, bias=False)
+        self.input_layernorm = RMSNorm(d, t.eps)
+        self.self_attn = Attention(d, d, t.n_heads, t.n_kv, t.head_dim, t.theta)
+        self.post_attention_layernorm = RMSNorm(d, t.eps)
+        self.mlp = MLP(d, t.inter)
+        self.final_layernorm = RMSNorm(d, t.eps)
+
+    def first_hidden(self, batch):
+        return batch["pre"]
+
+    def step(self, hidden, emb, cache, lm_head_weight):
+        emb = emb.clone()
+        emb[:, 0] = 0  # vLLM zeroes the embedding at position 0
+        x = self.input_proj(torch.cat((self.hidden_layernorm(hidden),
+                                       self.token_layernorm(emb)), dim=-1))
+        h = x + self.self_attn(self.input_layernorm(x), cache)
+        out = self.final_layernorm(h + self.mlp(self.post_attention_layernorm(h)))
+        return out, F.linear(out, lm_head_weight)
+
+    def export_tensors(self) -> dict:
+        """Names as stored in a MiMo checkpoint (before vLLM's mtp_block remap), bias included."""
+        sd = {f"model.mtp_layers.0.{k}": v for k, v in self.state_dict().items()}
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            w = sd[f"model.mtp_layers.0.self_attn.{proj}.weight"]
+            sd[f"model.mtp_layers.0.self_attn.{proj}.bias"] = torch.zeros(w.shape[0])
+        return sd
+
+
+def run_chain(head, batch, emb_next, lm_head_weight, steps: int):
+    """Outputs (feature, logits) of each chained step; inputs as described in the docstring."""
+    hidden = head.first_hidden(batch)
+    cache: list = []  # one attention layer per head: one list of per-step (k, v)
+    outs = []
+    for _ in range(steps):
+        feat, logits = head.step(hidden, emb_next, cache, lm_head_weight)
+        outs.append((feat, logits))
+        # Step j+1 at position q continues from step j's output at q-1.
+        hidden = torch.cat((torch.zeros_like(feat[:, :1]), feat[:, :-1]), dim=1)
+    return outs
+
+
+def head_from_tensors(kind: str, tensors: dict, t: TargetShape | None = None):
+    """Rebuild a head from its shipped (vLLM-named) tensors: the inverse of export_tensors."""
+    t = t or TargetShape()
+    if kind == "eagle":
+        inter = tensors["layers.0.mlp.gate_proj.weight"].shape[0]
+        head = Eagle1Head(t, inter)
+        state = {k.removeprefix("layers.0."): v for k, v in tensors.items()}
+    elif kind == "eagle3":
+        inter = tensors["midlayer.mlp.gate_proj.weight"].shape[0]
+        d2t = tensors["d2t"].long()
+        head = Eagle3Head(t, inter, torch.arange(len(d2t)) + d2t)
+        state = {k.removeprefix("midlayer."): v for k, v in tensors.items()
+                 if k not in ("d2t", "t2d")}
+    elif kind == "mtp":
+        head = MtpHead(t)
+        prefix = "model.mtp_layers.0."
+        state = {k.removeprefix(prefix): v for k, v in tensors.items() if not k.endswith(".bias")}
+    else:
+        raise ValueError(kind)
+    head.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    return head.eval()
