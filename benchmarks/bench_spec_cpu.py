@@ -8,7 +8,10 @@ started, warmed up, and timed on two workloads at batch 1 and batch 4:
 Prints generated tokens per wall second (median of repeats), the ratio to no speculation,
 mean acceptance length and per-position acceptance, from vLLM's own spec-decode counters.
 
-    python benchmarks/bench_spec_cpu.py [--methods ngram,suffix,draft_model] [--json out.json]
+    python benchmarks/bench_spec_cpu.py [--methods ngram,suffix,eagle] [--json out.json]
+
+MTP's baseline is SmolLM2 without speculation (its MiMo-format target computes the same
+function with one extra layer's weights that plain decoding never runs).
 """
 from __future__ import annotations
 
@@ -44,15 +47,19 @@ def humaneval_prompts(n: int) -> list[str]:
         return [json.loads(line)["prompt"] for line in f][:n]
 
 
-def spec_configs(target: str) -> dict[str, dict | None]:
-    from specdec_plugin.models import drafters_available
+def spec_configs(smollm2: str) -> dict[str, tuple[str, dict | None]]:
+    """name -> (target model, speculative_config). MTP runs on SmolLM2 with an MTP layer."""
+    from specdec_plugin.models.drafters import KINDS, speculative_config, target_for
 
-    configs: dict[str, dict | None] = {
-        "none": None,
-        "ngram": {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
-        "suffix": {"method": "suffix", "num_speculative_tokens": K},
+    configs: dict[str, tuple[str, dict | None]] = {
+        "none": (smollm2, None),
+        "ngram": (smollm2, {"method": "ngram", "num_speculative_tokens": K,
+                            "prompt_lookup_min": 2, "prompt_lookup_max": 4}),
+        "suffix": (smollm2, {"method": "suffix", "num_speculative_tokens": K}),
     }
-    configs.update(drafters_available(K))
+    for kind in KINDS:
+        # One MTP layer drafts one token per step.
+        configs[kind] = (str(target_for(kind)), speculative_config(kind, 1 if kind == "mtp" else K))
     return configs
 
 
@@ -102,15 +109,14 @@ def main() -> None:
 
     from specdec_plugin.models import fetch_smollm2
 
-    target = str(fetch_smollm2())
-    configs = spec_configs(target)
+    configs = spec_configs(str(fetch_smollm2()))
     if args.methods:
         wanted = ["none", *args.methods.split(",")]
         configs = {name: configs[name] for name in wanted}
     workloads = {"humaneval": humaneval_prompts(4), "code-edit": [CODE_EDIT] * 4}
 
     results = []
-    for name, spec in configs.items():
+    for name, (target, spec) in configs.items():
         llm = LLM(model=target, dtype="float32", max_model_len=1024, enable_prefix_caching=False,
                   disable_log_stats=False, speculative_config=spec, seed=0)
         for workload, prompts in workloads.items():
