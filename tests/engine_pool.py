@@ -11,6 +11,7 @@ class EnginePool:
 
     def __init__(self) -> None:
         self._engines: dict[str, object] = {}
+        self._created = 0
 
     def get(self, model: str, **kwargs):
         from vllm import LLM
@@ -22,7 +23,10 @@ class EnginePool:
         if key not in self._engines:
             while len(self._engines) >= self.MAX_ALIVE:
                 self._shutdown(next(iter(self._engines)))
-            self._engines[key] = LLM(model=model, **kwargs)
+            # Engines share this process's metrics registry; a distinct served name labels
+            # each engine's counters (see `counters`).
+            self._created += 1
+            self._engines[key] = LLM(model=model, served_model_name=f"pool-{self._created}", **kwargs)
         else:  # most recently used last
             self._engines[key] = self._engines.pop(key)
         return self._engines[key]
@@ -38,3 +42,22 @@ class EnginePool:
     def close(self) -> None:
         for key in list(self._engines):
             self._shutdown(key)
+
+
+def counters(llm, prefixes=("vllm:spec_decode", "vllm:num_preemptions")) -> dict:
+    """This engine's counters (by metric name) from ``LLM.get_metrics()``."""
+    name = llm.llm_engine.model_config.served_model_name
+    out = {}
+    for metric in llm.get_metrics():
+        if metric.name.startswith(prefixes) and metric.labels.get("model_name") == name:
+            out[metric.name] = getattr(metric, "values", None) or getattr(metric, "value", None)
+    return out
+
+
+def counter_delta(before: dict, after: dict, name: str):
+    """How much counter ``name`` grew between two ``counters`` snapshots (lists elementwise)."""
+    new, old = after.get(name, 0), before.get(name)
+    if isinstance(new, list):
+        old = old or [0] * len(new)
+        return [a - b for a, b in zip(new, old)]
+    return new - (old or 0)

@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.engine_pool import counter_delta, counters
 from tests.prompts import SPEC_PROMPTS
 from tests.spec_configs import spec_config
 
 pytestmark = pytest.mark.slow
-
-
-def _counters(llm) -> dict:
-    out = {}
-    for metric in llm.get_metrics():
-        if metric.name.startswith(("vllm:spec_decode", "vllm:num_preemptions")):
-            out[metric.name] = getattr(metric, "values", None) or getattr(metric, "value", None)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +81,9 @@ def test_length_limit_mid_speculation(long_spec_llm):
 
 def test_preemption_loses_nothing(long_spec_llm, baseline_llm):
     prompts = SPEC_PROMPTS[:8]
-    before = _counters(long_spec_llm).get("vllm:num_preemptions", 0)
+    before = counters(long_spec_llm)
     got = _greedy_ids(long_spec_llm, prompts, 150)
-    preempted = _counters(long_spec_llm).get("vllm:num_preemptions", 0) - before
+    preempted = counter_delta(before, counters(long_spec_llm), "vllm:num_preemptions")
     assert preempted > 0, "the KV cache was big enough: this test did not preempt anything"
     assert got == _greedy_ids(baseline_llm, prompts, 150)
 
@@ -100,16 +93,14 @@ def test_acceptance_metrics_are_consistent(engines, smollm2_path):
     # it found it (the suffix drafter's global cache would remember these outputs).
     llm = engines.get(smollm2_path, enable_prefix_caching=False, disable_log_stats=False,
                       speculative_config=spec_config("ngram", smollm2_path))
-    before = _counters(llm)
-    outs = llm.generate(SPEC_PROMPTS[8:12], __import__("vllm").SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))
-    after = _counters(llm)
+    from vllm import SamplingParams
+
+    before = counters(llm)
+    outs = llm.generate(SPEC_PROMPTS[8:12], SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))
+    after = counters(llm)
 
     def delta(name):
-        a, b = after.get(name, 0), before.get(name, 0)
-        if isinstance(a, list):
-            b = b or [0] * len(a)
-            return [x - y for x, y in zip(a, b)]
-        return a - b
+        return counter_delta(before, after, name)
 
     drafts, draft_tokens = delta("vllm:spec_decode_num_drafts"), delta("vllm:spec_decode_num_draft_tokens")
     accepted, per_pos = delta("vllm:spec_decode_num_accepted_tokens"), delta("vllm:spec_decode_num_accepted_tokens_per_pos")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine_pool import counter_delta, counters
 from tests.prompts import SPEC_PROMPTS
 from tests.spec_configs import K, spec_config, target_for
 
@@ -44,14 +45,6 @@ def _greedy(llm, prompts, max_tokens=MAX_TOKENS):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def _spec_counters(llm) -> dict:
-    counters = {}
-    for metric in llm.get_metrics():
-        if metric.name.startswith("vllm:spec_decode"):
-            counters[metric.name] = getattr(metric, "values", None) or getattr(metric, "value", None)
-    return counters
-
-
 _BASELINES: dict[str, list[list[int]]] = {}
 
 
@@ -83,9 +76,9 @@ def test_greedy_output_unchanged_by_speculation(engines, smollm2_path, method):
     baseline = _baseline(engines, target)
     llm = engines.get(target, enable_prefix_caching=False, disable_log_stats=False,
                       speculative_config=spec_config(method, smollm2_path))
-    before = _spec_counters(llm)
+    before = counters(llm)
     got = _greedy(llm, SPEC_PROMPTS)
-    after = _spec_counters(llm)
+    after = counters(llm)
     assert len(got) == len(SPEC_PROMPTS) >= 16
     for prompt, want, have in zip(SPEC_PROMPTS, baseline, got):
         if have == want:
@@ -97,24 +90,23 @@ def test_greedy_output_unchanged_by_speculation(engines, smollm2_path, method):
         assert gap < 1e-4, (f"{method}: output diverges at token {first} of {prompt!r} where the "
                             f"target's top-2 logit gap is {gap:.3g} (not a tie): a bug")
     # Speculation really happened (so the equality above is not vacuous).
-    drafted = after["vllm:spec_decode_num_draft_tokens"] - before.get("vllm:spec_decode_num_draft_tokens", 0)
-    accepted = after["vllm:spec_decode_num_accepted_tokens"] - before.get("vllm:spec_decode_num_accepted_tokens", 0)
+    drafted = counter_delta(before, after, "vllm:spec_decode_num_draft_tokens")
+    accepted = counter_delta(before, after, "vllm:spec_decode_num_accepted_tokens")
     assert drafted > 0 and accepted > 0, after
-    drafts = after["vllm:spec_decode_num_drafts"] - before.get("vllm:spec_decode_num_drafts", 0)
-    per_pos = after["vllm:spec_decode_num_accepted_tokens_per_pos"]
-    per_pos_before = before.get("vllm:spec_decode_num_accepted_tokens_per_pos") or [0] * len(per_pos)
-    _check_golden(method, [(a - b) / drafts for a, b in zip(per_pos, per_pos_before)])
+    drafts = counter_delta(before, after, "vllm:spec_decode_num_drafts")
+    per_pos = counter_delta(before, after, "vllm:spec_decode_num_accepted_tokens_per_pos")
+    _check_golden(method, [p / drafts for p in per_pos])
 
 
 def test_draft_equal_to_target_accepts_everything(engines, smollm2_path):
     llm = engines.get(smollm2_path, enable_prefix_caching=False, disable_log_stats=False,
                       speculative_config=spec_config("draft_model_self", smollm2_path))
-    before = _spec_counters(llm)
+    before = counters(llm)
     _greedy(llm, SPEC_PROMPTS[:4], max_tokens=32)
-    after = _spec_counters(llm)
-    drafts = after["vllm:spec_decode_num_drafts"] - before.get("vllm:spec_decode_num_drafts", 0)
-    drafted = after["vllm:spec_decode_num_draft_tokens"] - before.get("vllm:spec_decode_num_draft_tokens", 0)
-    accepted = after["vllm:spec_decode_num_accepted_tokens"] - before.get("vllm:spec_decode_num_accepted_tokens", 0)
+    after = counters(llm)
+    drafts = counter_delta(before, after, "vllm:spec_decode_num_drafts")
+    drafted = counter_delta(before, after, "vllm:spec_decode_num_draft_tokens")
+    accepted = counter_delta(before, after, "vllm:spec_decode_num_accepted_tokens")
     assert drafts > 0
     assert accepted == drafted, after
     # Mean acceptance length: every step yields its K drafts plus the bonus token, except

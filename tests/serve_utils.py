@@ -1,0 +1,157 @@
+"""A real ``vllm serve`` subprocess for tests: start it on a free loopback port, wait until it
+answers ``/health``, stop it with a signal and report how it ended.
+
+- ``free_loopback_port() -> int``: a port on 127.0.0.1 nothing listens on right now.
+- ``port_is_listening(port, host="127.0.0.1") -> bool``.
+- ``VllmServer(model, extra_args=(), log_path=..., env=None)``: ``start()``,
+  ``wait_ready(timeout_s)``, ``base_url``, ``log_tail(lines)``, ``stop(timeout_s) -> int``.
+
+The server's stdout and stderr go to a log file, never to a pipe: an unread pipe fills up and
+stalls the server, and on failure the log tail is what explains it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def free_loopback_port() -> int:
+    # Port 0 lets the kernel pick an unused port; the tiny race until the server binds it is
+    # acceptable for tests.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_is_listening(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex((host, port)) == 0
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or never became healthy; the message carries the log tail."""
+
+
+# When the engine core dies during start-up, the API server can stay alive without ever
+# answering /health; these log lines mean it will not come up.
+FATAL_START_MARKERS = ("EngineDeadError", "Engine core initialization failed")
+
+
+class VllmServer:
+    def __init__(self, model: str, extra_args: tuple[str, ...] | list[str] = (), *,
+                 log_path: str | os.PathLike, env: dict[str, str] | None = None,
+                 port: int | None = None) -> None:
+        self.model = model
+        self.port = port or free_loopback_port()
+        self.log_path = Path(log_path)
+        self.command = [
+            sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model,
+            "--dtype", "float32", "--max-model-len", "1024",
+            "--host", "127.0.0.1", "--port", str(self.port),
+            *extra_args,
+        ]
+        self.env = {**os.environ, **(env or {})}
+        self.process: subprocess.Popen | None = None
+        self._log_file = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "VllmServer":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "wb")
+        # A new session, so that a signal meant for the test runner (Ctrl-C) does not also hit
+        # the server, and the server's own children can be found by process group if it hangs.
+        self.process = subprocess.Popen(
+            self.command, stdout=self._log_file, stderr=subprocess.STDOUT, env=self.env,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        return self
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError as exc:
+            return f"<no log: {exc}>"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _log_has_fatal_marker(self) -> bool:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return False
+        return any(marker in text for marker in FATAL_START_MARKERS)
+
+    def wait_ready(self, timeout_s: float = 240.0, poll_s: float = 1.0) -> None:
+        assert self.process is not None, "start() first"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                raise ServerStartError(
+                    f"vllm serve exited with code {code} before it was ready; log tail:\n"
+                    f"{self.log_tail()}")
+            if self._log_has_fatal_marker():
+                raise ServerStartError(
+                    f"vllm serve's engine died during start-up; log tail:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(poll_s)
+        raise ServerStartError(
+            f"vllm serve not healthy after {timeout_s:.0f} s; log tail:\n{self.log_tail()}")
+
+    def stop(self, timeout_s: float = 60.0, sig: int = signal.SIGTERM) -> int | None:
+        """Send ``sig`` and wait for the exit code. If the server does not exit in time, kill
+        its whole process group and return None (the caller asserts on that)."""
+        if self.process is None:
+            return None
+        code = self.process.poll()
+        if code is None:
+            self.process.send_signal(sig)
+            try:
+                code = self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                code = None
+                self.kill()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        return code
+
+    def kill(self) -> None:
+        """Last resort: SIGKILL the server's process group (its engine core included)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=30)
+
+    def children_alive(self) -> list[int]:
+        """Pids still in the server's process group (the engine core runs there too)."""
+        if self.process is None:
+            return []
+        alive = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.getpgid(int(entry.name)) == self.process.pid:
+                    alive.append(int(entry.name))
+            except (ProcessLookupError, PermissionError):
+                continue
+        return alive

@@ -1,0 +1,278 @@
+"""A real ``vllm serve`` subprocess on our platform (CPU, SmolLM2-135M-Instruct fp32), driven
+through the ``openai`` client: completions and chat, streamed and not, usage counts, Prometheus
+metrics, bad requests, concurrency, a clean shutdown on SIGTERM, and a server with n-gram
+speculative decoding.
+
+One server serves the whole module (start costs about a minute on 2 cores); the shutdown test
+stops it, so it comes after every test that sends requests to it.
+"""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.prompts import PROMPTS
+from tests.serve_utils import VllmServer, port_is_listening
+
+pytestmark = pytest.mark.slow
+
+openai = pytest.importorskip("openai")
+
+STARTUP_TIMEOUT_S = 300
+SHUTDOWN_TIMEOUT_S = 60
+CAPITAL_PROMPT = "The capital of France is"
+CAPITAL_QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+NGRAM_SPEC_CONFIG = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+
+
+def _client(server: VllmServer):
+    # No retries: a retried request would hide a failed one and skew the metric counts.
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", timeout=180,
+                         max_retries=0)
+
+
+def _greedy(max_tokens: int, **extra_body) -> dict:
+    return {"temperature": 0.0, "max_tokens": max_tokens, "extra_body": extra_body or None}
+
+
+def _assert_stopped_cleanly(server: VllmServer) -> None:
+    code = server.stop(timeout_s=SHUTDOWN_TIMEOUT_S, sig=signal.SIGTERM)
+    assert code == 0, (f"vllm serve exit code {code} after SIGTERM (None: still running after "
+                       f"{SHUTDOWN_TIMEOUT_S} s, killed); log tail:\n{server.log_tail()}")
+    assert not port_is_listening(server.port), f"something still listens on port {server.port}"
+    # The engine core is a child in the server's process group; give it a moment to be reaped.
+    deadline = time.monotonic() + 10
+    while server.children_alive() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert server.children_alive() == [], "server children outlived it"
+
+
+def _start_server(tmp_path_factory, name: str, extra_args=()) -> VllmServer:
+    from specdec_plugin.models import fetch_smollm2
+
+    log = tmp_path_factory.mktemp(name) / "server.log"
+    server = VllmServer(str(fetch_smollm2()), extra_args, log_path=log).start()
+    try:
+        server.wait_ready(STARTUP_TIMEOUT_S)
+    except BaseException:
+        server.kill()
+        raise
+    return server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = _start_server(tmp_path_factory, "serve")
+    yield srv
+    # Normally test_sigterm_shuts_down_cleanly has stopped it already; if that test was not
+    # selected, the clean-shutdown check still runs here.
+    if srv.process.poll() is None:
+        _assert_stopped_cleanly(srv)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return _client(server)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_path)
+
+
+def _metric_totals(server: VllmServer) -> dict[str, float]:
+    """Every ``vllm:`` sample summed over its labels, by metric name."""
+    with urllib.request.urlopen(server.base_url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        match = re.match(r"^(vllm:[A-Za-z0-9_:]+)(\{[^}]*\})?\s+(\S+)", line)
+        if match:
+            totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(3))
+    return totals
+
+
+# --- answers ----------------------------------------------------------------------------------
+
+def test_completion_is_greedy_and_right(client, server, smollm2_path):
+    from tests.hf_reference import hf_greedy_token_ids, tokenize
+
+    resp = client.completions.create(model=server.model, prompt=CAPITAL_PROMPT,
+                                     **_greedy(16, ignore_eos=True, return_token_ids=True))
+    choice = resp.choices[0]
+    assert "Paris" in choice.text
+    assert choice.finish_reason == "length"
+    # Token for token what transformers' greedy search produces.
+    prompt_ids = tokenize(smollm2_path, CAPITAL_PROMPT)
+    assert choice.prompt_token_ids == prompt_ids
+    assert choice.token_ids == hf_greedy_token_ids(smollm2_path, prompt_ids, 16)
+
+
+def test_chat_completion_answers(client, server):
+    resp = client.chat.completions.create(model=server.model, messages=CAPITAL_QUESTION,
+                                          **_greedy(32))
+    message = resp.choices[0].message
+    assert message.role == "assistant"
+    assert "Paris" in message.content
+
+
+def test_completion_usage_counts(client, server, tokenizer):
+    resp = client.completions.create(model=server.model, prompt=PROMPTS[2],
+                                     **_greedy(20, ignore_eos=True, return_token_ids=True))
+    usage = resp.usage
+    assert usage.prompt_tokens == len(tokenizer(PROMPTS[2]).input_ids)
+    assert usage.completion_tokens == 20 == len(resp.choices[0].token_ids)
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_chat_usage_counts(client, server, tokenizer):
+    resp = client.chat.completions.create(model=server.model, messages=CAPITAL_QUESTION,
+                                          **_greedy(32))
+    templated = tokenizer.apply_chat_template(CAPITAL_QUESTION, add_generation_prompt=True,
+                                              tokenize=True)
+    if not isinstance(templated, list):  # transformers 5 returns a BatchEncoding
+        templated = templated["input_ids"]
+    usage = resp.usage
+    assert usage.prompt_tokens == len(templated)
+    # The answer stops at EOS (finish "stop"): the EOS token counts, the text does not hold it.
+    assert resp.choices[0].finish_reason == "stop"
+    answer_ids = tokenizer(resp.choices[0].message.content, add_special_tokens=False).input_ids
+    assert usage.completion_tokens == len(answer_ids) + 1
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+# --- streaming --------------------------------------------------------------------------------
+
+def test_streamed_completion_equals_unstreamed(client, server):
+    kwargs = dict(model=server.model, prompt=PROMPTS[1], **_greedy(32, ignore_eos=True))
+    whole = client.completions.create(**kwargs)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True},
+                                            **kwargs))
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert len([c for c in chunks if c.choices and c.choices[0].text]) > 1, "not streamed"
+    assert streamed == whole.choices[0].text
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+
+
+def test_streamed_chat_equals_unstreamed(client, server):
+    kwargs = dict(model=server.model, messages=CAPITAL_QUESTION, **_greedy(32))
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(stream=True,
+                                                 stream_options={"include_usage": True}, **kwargs))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Paris" in streamed
+    assert streamed == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+
+
+# --- metrics ----------------------------------------------------------------------------------
+
+def test_metrics_count_tokens_and_requests(client, server):
+    before = _metric_totals(server)
+    for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                 "vllm:request_success_total"):
+        assert name in before, f"{name} missing from /metrics"
+    resp = client.completions.create(model=server.model, prompt=PROMPTS[4],
+                                     **_greedy(12, ignore_eos=True))
+    want = {
+        "vllm:prompt_tokens_total": before["vllm:prompt_tokens_total"] + resp.usage.prompt_tokens,
+        "vllm:generation_tokens_total":
+            before["vllm:generation_tokens_total"] + resp.usage.completion_tokens,
+        "vllm:request_success_total": before["vllm:request_success_total"] + 1,
+    }
+    # The stat loggers may record the step just after the response went out: poll briefly.
+    deadline = time.monotonic() + 15
+    while True:
+        after = _metric_totals(server)
+        got = {name: after[name] for name in want}
+        if got == want or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert got == want
+
+
+# --- bad requests -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad, error", [
+    ({"max_tokens": 5000}, "BadRequestError"),          # more than max_model_len=1024
+    ({"temperature": -1.0}, "BadRequestError"),
+    ({"model": "no-such-model"}, "NotFoundError"),
+    ({"extra_body": {"top_k": -7}}, "BadRequestError"),
+])
+def test_bad_request_gets_4xx_and_server_keeps_serving(client, server, bad, error):
+    kwargs = {"model": server.model, "prompt": CAPITAL_PROMPT, **_greedy(8), **bad}
+    with pytest.raises(openai.APIStatusError) as info:
+        client.completions.create(**kwargs)
+    assert 400 <= info.value.status_code < 500
+    assert type(info.value).__name__ == error
+    good = client.completions.create(model=server.model, prompt=CAPITAL_PROMPT, **_greedy(8))
+    assert "Paris" in good.choices[0].text
+    assert urllib.request.urlopen(server.base_url + "/health", timeout=10).status == 200
+
+
+# --- concurrency ------------------------------------------------------------------------------
+
+def test_concurrent_requests_all_succeed(client, server):
+    max_tokens = 16
+
+    def complete(prompt: str):
+        return client.completions.create(model=server.model, prompt=prompt,
+                                         **_greedy(max_tokens, ignore_eos=True))
+
+    # Answers one at a time first: batching the same greedy requests must not change them.
+    sequential = [complete(p).choices[0].text for p in PROMPTS]
+    with ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
+        results = list(pool.map(complete, PROMPTS))
+    for resp in results:
+        assert resp.choices[0].finish_reason == "length"
+        assert resp.usage.completion_tokens == max_tokens
+    assert [r.choices[0].text for r in results] == sequential
+    assert "Paris" in results[0].choices[0].text
+
+
+# --- shutdown (keep after every test above that uses `server`) --------------------------------
+
+def test_sigterm_shuts_down_cleanly(server):
+    assert server.process.poll() is None, "server died during the tests:\n" + server.log_tail()
+    _assert_stopped_cleanly(server)
+
+
+# --- speculative decoding ---------------------------------------------------------------------
+
+def test_ngram_speculative_server_answers_greedily(tmp_path_factory, smollm2_path):
+    from tests.hf_reference import hf_greedy_token_ids, tokenize
+
+    srv = _start_server(tmp_path_factory, "serve_ngram",
+                        ["--speculative-config", json.dumps(NGRAM_SPEC_CONFIG)])
+    try:
+        client = _client(srv)
+        resp = client.completions.create(model=srv.model, prompt=CAPITAL_PROMPT,
+                                         **_greedy(16, ignore_eos=True, return_token_ids=True))
+        assert "Paris" in resp.choices[0].text
+        assert resp.choices[0].token_ids == hf_greedy_token_ids(
+            smollm2_path, tokenize(smollm2_path, CAPITAL_PROMPT), 16)
+        # A prompt that repeats itself gives the n-gram proposer something to draft; speculative
+        # decoding must not change the greedy answer.
+        looping = PROMPTS[6] + " jumps over the lazy dog. " * 6 + PROMPTS[6]
+        resp = client.completions.create(model=srv.model, prompt=looping,
+                                         **_greedy(24, ignore_eos=True, return_token_ids=True))
+        assert resp.choices[0].token_ids == hf_greedy_token_ids(
+            smollm2_path, tokenize(smollm2_path, looping), 24)
+        metrics = _metric_totals(srv)
+        assert metrics.get("vllm:spec_decode_num_draft_tokens_total", 0) > 0, \
+            "no draft tokens proposed: speculative decoding did not run"
+        assert metrics.get("vllm:spec_decode_num_accepted_tokens_total", 0) > 0
+    finally:
+        if srv.process.poll() is None:
+            _assert_stopped_cleanly(srv)
