@@ -33,8 +33,10 @@ if not torch.cuda.is_available() and "triton" not in sys.modules:
 def pytest_configure(config):
     # Resolve vLLM's platform once, with the environment as the user has it, before any test
     # changes SPECDEC_* variables: vLLM caches the platform for the life of the process.
-    from vllm.platforms import current_platform
-
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:  # e.g. kernel tests on a GPU machine without vLLM
+        return
     current_platform.device_type  # noqa: B018
 
 
