@@ -12,14 +12,21 @@ class EnginePool:
     def __init__(self) -> None:
         self._engines: dict[str, object] = {}
         self._created = 0
+        self._newest: str | None = None
 
-    def get(self, model: str, **kwargs):
+    def get(self, model: str, metrics: bool = False, **kwargs):
+        """The engine for this configuration. ``metrics=True``: the caller reads its counters
+        from ``LLM.get_metrics()``. Every new engine's Prometheus logger unregisters the vLLM
+        metrics of the engines before it (vllm/v1/metrics/loggers.py), so such an engine must
+        be the newest one: an older one is rebuilt."""
         from vllm import LLM
 
         kwargs.setdefault("dtype", "float32")
         kwargs.setdefault("max_model_len", 1024)
         kwargs.setdefault("seed", 0)
         key = json.dumps({"model": model, **kwargs}, sort_keys=True, default=str)
+        if metrics and key in self._engines and key != self._newest:
+            self._shutdown(key)
         if key not in self._engines:
             while len(self._engines) >= self.MAX_ALIVE:
                 self._shutdown(next(iter(self._engines)))
@@ -27,12 +34,15 @@ class EnginePool:
             # each engine's counters (see `counters`).
             self._created += 1
             self._engines[key] = LLM(model=model, served_model_name=f"pool-{self._created}", **kwargs)
+            self._newest = key
         else:  # most recently used last
             self._engines[key] = self._engines.pop(key)
         return self._engines[key]
 
     def _shutdown(self, key: str) -> None:
         llm = self._engines.pop(key)
+        if key == self._newest:
+            self._newest = None
         engine = getattr(llm, "llm_engine", None)
         if engine is not None and hasattr(engine, "engine_core"):
             engine.engine_core.shutdown()

@@ -63,7 +63,7 @@ def long_spec_llm(engines, smollm2_path):
     # K = 10, a short context, and a KV cache of about 600 tokens: long requests run into
     # max_model_len mid-speculation and, together, do not fit and get preempted.
     spec = {"method": "ngram", "num_speculative_tokens": 10, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-    return engines.get(smollm2_path, enable_prefix_caching=False, disable_log_stats=False,
+    return engines.get(smollm2_path, metrics=True, enable_prefix_caching=False, disable_log_stats=False,
                        max_model_len=256, kv_cache_memory_bytes=28 * 1024 * 1024,
                        max_num_seqs=8, speculative_config=spec)
 
@@ -91,7 +91,7 @@ def test_preemption_loses_nothing(long_spec_llm, baseline_llm):
 def test_acceptance_metrics_are_consistent(engines, smollm2_path):
     # The n-gram drafter keeps no state across requests, so this leaves the shared engine as
     # it found it (the suffix drafter's global cache would remember these outputs).
-    llm = engines.get(smollm2_path, enable_prefix_caching=False, disable_log_stats=False,
+    llm = engines.get(smollm2_path, metrics=True, enable_prefix_caching=False, disable_log_stats=False,
                       speculative_config=spec_config("ngram", smollm2_path))
     from vllm import SamplingParams
 
