@@ -26,8 +26,8 @@ class CudaDevice(DeviceLayer):
         # NVML answers without creating a CUDA context (so forked workers stay usable).
         try:
             import pynvml
-        except ImportError:
-            return False
+        except ImportError:  # no NVML bindings: ask the CUDA runtime (no context is created)
+            return torch.cuda.is_available()
         try:
             pynvml.nvmlInit()
             try:
