@@ -1,0 +1,71 @@
+"""Re-split the device kit (../shared/devkit/build.sh output) into smaller parts.
+
+Each device run carries the working tree plus one part under a 64 MiB cap; with the drafters
+in specdec_plugin/assets the tree is ~24 MB, so the kit's 55 MB parts no longer fit. This
+re-cuts the vLLM archive and regroups the wheels into parts of at most --max-mb, each with the
+devkit's own stage.sh and a PARTS count, exactly as build.sh lays them out.
+
+    bash ../shared/devkit/build.sh /tmp/devkit && python scripts/devkit_resplit.py /tmp/devkit .devkit
+    # then one device run per part, in order: carry .devkit/partN, run `bash .devkit/partN/stage.sh`
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import tempfile
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kit")
+    parser.add_argument("out")
+    parser.add_argument("--max-mb", type=float, default=36)
+    parser.add_argument("--stage", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "devkit", "stage.sh"))
+    args = parser.parse_args()
+    limit = int(args.max_mb * 1e6)
+
+    work = tempfile.mkdtemp()
+    archive = os.path.join(work, "vllm.tar.xz")
+    with open(archive, "wb") as out:
+        for piece in sorted(glob.glob(os.path.join(args.kit, "part*", "vllm.tar.xz.part.*"))):
+            with open(piece, "rb") as f:
+                shutil.copyfileobj(f, out)
+    # Re-cut the archive; suffixes sort in order, as stage.sh concatenates them by glob.
+    pieces = []
+    with open(archive, "rb") as f:
+        for index in range(1000):
+            chunk = f.read(min(limit, 30_000_000))
+            if not chunk:
+                break
+            path = os.path.join(work, f"vllm.tar.xz.part.{index:03d}")
+            with open(path, "wb") as out:
+                out.write(chunk)
+            pieces.append(path)
+    wheels = sorted(glob.glob(os.path.join(args.kit, "part*", "whl", "*.whl")), key=os.path.getsize, reverse=True)
+
+    parts: list[list[str]] = [[]]
+    for item in pieces + wheels:  # first fit, archive pieces first
+        for group in parts:
+            if sum(map(os.path.getsize, group)) + os.path.getsize(item) <= limit:
+                group.append(item)
+                break
+        else:
+            parts.append([item])
+    sizes = [round(sum(map(os.path.getsize, group)) / 1e6, 1) for group in parts]
+    shutil.rmtree(args.out, ignore_errors=True)
+    for number, group in enumerate(parts, 1):
+        folder = os.path.join(args.out, f"part{number}")
+        os.makedirs(os.path.join(folder, "whl"))
+        for item in group:
+            shutil.copy(item, os.path.join(folder, "whl") if item.endswith(".whl") else folder)
+        shutil.copy(args.stage, folder)
+        with open(os.path.join(folder, "PARTS"), "w") as f:
+            f.write(str(len(parts)))
+    shutil.rmtree(work)
+    print(len(parts), "parts:", sizes, "MB")
+
+
+if __name__ == "__main__":
+    main()
