@@ -11,6 +11,9 @@ import os
 import threading
 from types import ModuleType
 
+# _C links against torch's shared libraries (libc10, libtorch); importing torch loads them.
+import torch  # noqa: F401
+
 _lock = threading.Lock()
 _module: ModuleType | None = None
 
