@@ -16,18 +16,9 @@ import numpy as np
 
 from specdec_plugin.spec_decode.ngram_index import ngram_propose_batch
 from specdec_plugin.spec_decode.suffix_index import SuffixIndex
-from specdec_plugin.spec_decode.suffix_reference import ReferenceSuffixIndex
+from specdec_plugin.spec_decode.suffix_reference import ReferenceSuffixIndex, repetitive_token_stream
 
 
-def _stream(rng: random.Random, n: int, alphabet: int) -> list[int]:
-    out: list[int] = []
-    while len(out) < n:
-        if out and rng.random() < 0.5:
-            start = rng.randrange(len(out))
-            out.extend(out[start:start + rng.randint(1, 12)])
-        else:
-            out.append(rng.randrange(alphabet))
-    return out[:n]
 
 
 def _per_call(fn, n: int) -> float:
@@ -39,7 +30,7 @@ def _per_call(fn, n: int) -> float:
 
 def bench_suffix(context: int) -> None:
     rng = random.Random(0)
-    tokens = _stream(rng, context + 256, 512)
+    tokens = repetitive_token_stream(rng, context + 256, 512)
     ctx = np.asarray(tokens[context - 24:context], dtype=np.int32)
     for name, cls, reps in (("cpp", SuffixIndex, 200), ("python-ref", ReferenceSuffixIndex, 10)):
         idx = cls(24, 100)

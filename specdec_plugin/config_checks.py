@@ -29,14 +29,17 @@ def _check_device_present(config: "VllmConfig", device: "DeviceLayer") -> None:
         )
 
 
-def _check_dtype(config: "VllmConfig", device: "DeviceLayer") -> None:
-    dtype = config.model_config.dtype
+def require_supported_dtype(dtype, device: "DeviceLayer") -> None:
     if dtype not in device.supported_dtypes:
         names = ", ".join(str(d).removeprefix("torch.") for d in device.supported_dtypes)
         raise SpecDecConfigError(
             f"dtype={str(dtype).removeprefix('torch.')} is not supported by specdec_plugin on "
             f"{device.name}. Fix: pass dtype= one of {names} (e.g. --dtype float32)."
         )
+
+
+def _check_dtype(config: "VllmConfig", device: "DeviceLayer") -> None:
+    require_supported_dtype(config.model_config.dtype, device)
 
 
 def _check_architecture(config: "VllmConfig", device: "DeviceLayer") -> None:

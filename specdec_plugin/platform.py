@@ -77,13 +77,9 @@ class SpecDecPlatform(Platform):
 
     @classmethod
     def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
-        if dtype not in cls.device.supported_dtypes:
-            from specdec_plugin.config_checks import SpecDecConfigError
+        from specdec_plugin.config_checks import require_supported_dtype
 
-            raise SpecDecConfigError(
-                f"dtype={dtype} is not supported by specdec_plugin on {cls.device.name}; "
-                f"supported: {list(cls.device.supported_dtypes)}."
-            )
+        require_supported_dtype(dtype, cls.device)
 
     # ---- device control ----
     @classmethod

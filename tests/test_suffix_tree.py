@@ -15,19 +15,9 @@ import pytest
 os.environ.setdefault("SPECDEC_JIT_BUILD", "1")
 
 from specdec_plugin.spec_decode.suffix_index import SuffixIndex  # noqa: E402
-from specdec_plugin.spec_decode.suffix_reference import ReferenceSuffixIndex  # noqa: E402
+from specdec_plugin.spec_decode.suffix_reference import ReferenceSuffixIndex, repetitive_token_stream  # noqa: E402
 
 
-def _stream(rng: random.Random, n: int, alphabet: int) -> list[int]:
-    """Random tokens that often copy an earlier stretch, so long matches and branches occur."""
-    out: list[int] = []
-    while len(out) < n:
-        if out and rng.random() < 0.5:
-            start = rng.randrange(len(out))
-            out.extend(out[start:start + rng.randint(1, 12)])
-        else:
-            out.append(rng.randrange(alphabet))
-    return out[:n]
 
 
 def _same(a, b, where: str) -> None:
@@ -56,7 +46,7 @@ def test_matches_reference_on_random_streams(seed, depth, max_cached, alphabet):
             if rid in live:
                 continue
             next_id += 1
-            prompt = _stream(rng, rng.randint(0, 40), alphabet)
+            prompt = repetitive_token_stream(rng, rng.randint(0, 40), alphabet)
             cpp.start_request(rid, np.asarray(prompt, dtype=np.int32))
             ref.start_request(rid, prompt)
             live.append(rid)
@@ -71,7 +61,7 @@ def test_matches_reference_on_random_streams(seed, depth, max_cached, alphabet):
                 ref.evict_cached(rid)
         elif op < 0.55:
             rid = rng.choice(live)
-            chunk = _stream(rng, rng.randint(1, 6), alphabet)
+            chunk = repetitive_token_stream(rng, rng.randint(1, 6), alphabet)
             cpp.add_tokens(rid, chunk)  # plain list: converted by the binding
             ref.add_tokens(rid, chunk)
         else:
@@ -80,7 +70,7 @@ def test_matches_reference_on_random_streams(seed, depth, max_cached, alphabet):
             if rng.random() < 0.7:
                 ctx = ref._tokens[rid][-depth:]
             elif rng.random() < 0.5:
-                ctx = _stream(rng, rng.randint(0, depth + 3), alphabet)  # foreign context
+                ctx = repetitive_token_stream(rng, rng.randint(0, depth + 3), alphabet)  # foreign context
             args = (rng.randint(0, 9), rng.choice([0.0, 0.5, 1.0, 2.5]),
                     rng.choice([0.0, 0.1, 0.34, 1.0]))
             got = cpp.speculate(rid, ctx, *args)
@@ -101,8 +91,8 @@ def test_eviction_empties_global_trie():
     idx = SuffixIndex(max_tree_depth=5, max_cached_requests=2)
     rng = random.Random(7)
     for i in range(6):
-        idx.start_request(i, _stream(rng, 10, 4))
-        idx.add_tokens(i, _stream(rng, 30, 4))
+        idx.start_request(i, repetitive_token_stream(rng, 10, 4))
+        idx.add_tokens(i, repetitive_token_stream(rng, 30, 4))
         idx.stop_request(i)
         assert idx.num_cached_requests() == min(i + 1, 2)
         assert idx.check_invariants() == ""
@@ -196,7 +186,7 @@ def test_batch_matches_single_calls():
     idx = SuffixIndex(max_tree_depth=6, max_cached_requests=8)
     ids = [f"req-{i}" for i in range(5)]
     for rid in ids:
-        idx.start_request(rid, _stream(rng, 50, 4))
+        idx.start_request(rid, repetitive_token_stream(rng, 50, 4))
     ks = [0, 1, 3, 5, 8]
     batch = idx.speculate_batch(ids, ks, 1.5, 0.2)
     assert batch == [idx.speculate(r, None, k, 1.5, 0.2).token_ids for r, k in zip(ids, ks)]
@@ -206,7 +196,7 @@ def test_batch_matches_single_calls():
 def test_microbenchmark_prints_timings(capsys):
     """Not a performance gate; prints per-call times for a 4k-token context."""
     rng = random.Random(0)
-    tokens = _stream(rng, 4096, 64)
+    tokens = repetitive_token_stream(rng, 4096, 64)
     timings = {}
     for name, cls in (("cpp", SuffixIndex), ("python", ReferenceSuffixIndex)):
         idx = cls(24, 100)

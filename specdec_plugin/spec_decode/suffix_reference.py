@@ -189,3 +189,16 @@ class ReferenceSuffixIndex:
 
     def cached_request_ids(self) -> list[str]:
         return list(self._cached)
+
+
+def repetitive_token_stream(rng, n: int, alphabet: int) -> list[int]:
+    """Random tokens that often copy an earlier stretch, so long matches and branches occur
+    (test and benchmark input; ``rng`` is a ``random.Random``)."""
+    out: list[int] = []
+    while len(out) < n:
+        if out and rng.random() < 0.5:
+            start = rng.randrange(len(out))
+            out.extend(out[start:start + rng.randint(1, 12)])
+        else:
+            out.append(rng.randrange(alphabet))
+    return out[:n]
