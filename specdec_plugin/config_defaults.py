@@ -51,9 +51,10 @@ def apply_defaults(config: "VllmConfig", device: "DeviceLayer", worker_cls: str)
         if config.scheduler_config.async_scheduling:
             logger.info("specdec_plugin: async scheduling is off on %s (no device streams).", device.name)
         config.scheduler_config.async_scheduling = False
-    elif compilation.cudagraph_mode not in (CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE):
-        # Until our Triton attention is in, attention runs the torch reference, which syncs
-        # with the host and so cannot sit inside a full graph: keep graphs piecewise.
+        return
+    if compilation.cudagraph_mode not in (CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE):
+        # A device whose attention falls back to the torch reference (which syncs with the
+        # host) cannot hold attention inside a full graph: keep graphs piecewise there.
         from specdec_plugin.ops.registry import has_graph_safe_kernel
 
         if not has_graph_safe_kernel("paged_attention", device.kernel_providers):
@@ -63,3 +64,7 @@ def apply_defaults(config: "VllmConfig", device: "DeviceLayer", worker_cls: str)
                 compilation.cudagraph_mode.name, device.name,
             )
             compilation.cudagraph_mode = CUDAGraphMode.PIECEWISE
+
+    from specdec_plugin.capture_sizes import apply_capture_sizes
+
+    apply_capture_sizes(config)

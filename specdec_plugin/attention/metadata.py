@@ -35,6 +35,26 @@ class SpecDecAttentionMetadataBuilder(AttentionMetadataBuilder[SpecDecAttentionM
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         # 1+K verification queries are batched like decodes (they share one kernel path).
         self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
+        self._reserve_kernel_workspace(kv_cache_spec, layer_names, vllm_config, device)
+
+    @staticmethod
+    def _reserve_kernel_workspace(kv_cache_spec: AttentionSpec, layer_names: list[str],
+                                  vllm_config: VllmConfig, device: torch.device) -> None:
+        # A launch inside graph capture cannot allocate, so size the attention kernel's
+        # scratch now for every decode/verify/draft step shape this builder will see.
+        from vllm.platforms import current_platform
+
+        from specdec_plugin.ops.registry import get_kernel
+
+        layers = vllm_config.compilation_config.static_forward_context
+        num_q_heads = max((getattr(layers.get(name), "num_heads", 0) for name in layer_names),
+                          default=0) or kv_cache_spec.num_kv_heads
+        spec = vllm_config.speculative_config
+        k = spec.num_speculative_tokens if spec is not None and spec.num_speculative_tokens else 0
+        reserve = get_kernel("paged_attention_workspace", current_platform.device.kernel_providers)
+        reserve(vllm_config.scheduler_config.max_num_seqs, (1, 1 + k) if k else (1,),
+                num_q_heads, kv_cache_spec.num_kv_heads, kv_cache_spec.head_size,
+                vllm_config.model_config.max_model_len, kv_cache_spec.dtype, device)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> SpecDecAttentionMetadata:

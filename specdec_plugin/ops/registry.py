@@ -22,6 +22,11 @@ KERNELS: dict[str, dict[str, str]] = {
         "torch": f"{_OPS}.paged_attention.reference:paged_attention",
         "triton": f"{_OPS}.paged_attention.triton:paged_attention",
     },
+    # split-KV workspace sized before graph capture (a no-op for the torch reference)
+    "paged_attention_workspace": {
+        "torch": f"{_OPS}.paged_attention.reference:reserve_workspace",
+        "triton": f"{_OPS}.paged_attention.triton:reserve_workspace",
+    },
     "reshape_and_cache": {
         "torch": f"{_OPS}.reshape_and_cache.reference:reshape_and_cache",
         "triton": f"{_OPS}.reshape_and_cache.triton:reshape_and_cache",

@@ -41,7 +41,9 @@ P5 ``torch.Event``, ``torch.cuda.Event/Stream/current_stream/stream`` in a CPU w
 P6 input checks before ``ModelConfig`` (``EngineArgs.create_engine_config``, patches/engine_args.py)
    Why: vLLM reads the model config before any platform hook sees the arguments, so a missing
    local model path surfaces as a Hugging Face Hub error about repo ids.
-   What: a wrapper that checks local model and draft-model paths first, then calls vLLM's.
+   What: a wrapper that checks local model and draft-model paths first, then calls vLLM's;
+   it also records the user's graph capture sizes, which the platform can no longer tell from
+   vLLM's defaults when it sees the config (capture_sizes.py: rounded to n*(1+K) with a warning).
    Installed from the ``vllm.general_plugins`` entry point (vLLM loads it in
    ``EngineArgs.__post_init__``), unlike P1-P5 which are applied in workers.
    When it can go: when a platform hook receives the engine arguments before ModelConfig.

@@ -2,7 +2,9 @@
 
 vLLM reads the model's config while building ``ModelConfig``, before any platform hook sees
 the arguments; a missing local path then surfaces as a Hugging Face Hub error about repo ids.
-This wraps ``EngineArgs.create_engine_config`` so our input checks run first. It is installed
+This wraps ``EngineArgs.create_engine_config`` so our input checks run first, and records the
+user's graph capture sizes for the platform (which otherwise sees them merged with vLLM's
+defaults, see capture_sizes.py). It is installed
 by the ``vllm.general_plugins`` entry point, which vLLM loads in ``EngineArgs.__post_init__``.
 """
 from __future__ import annotations
@@ -40,6 +42,16 @@ def _speculative_model(spec) -> str | None:
     return getattr(spec, "model", None)
 
 
+def _user_capture_sizes(args) -> list[int] | None:
+    # `--cudagraph-capture-sizes` and `compilation_config.cudagraph_capture_sizes` are exclusive.
+    sizes = getattr(args, "cudagraph_capture_sizes", None)
+    if sizes is None:
+        compilation = args.compilation_config
+        sizes = (compilation.get("cudagraph_capture_sizes") if isinstance(compilation, dict)
+                 else getattr(compilation, "cudagraph_capture_sizes", None))
+    return None if sizes is None else list(sizes)
+
+
 def _checked(create_engine_config):
     @functools.wraps(create_engine_config)
     def create_engine_config_checked(self, *args, **kwargs):
@@ -55,7 +67,11 @@ def _checked(create_engine_config):
             if _speculative_model(spec) not in ("ngram", "[ngram]"):
                 check_model_path("speculative_config.model", _speculative_model(spec))
             validate_speculative_config(spec, self.model)
-        return create_engine_config(self, *args, **kwargs)
+        # Let the platform tell the user's capture sizes from vLLM's defaults (capture_sizes.py).
+        from specdec_plugin.capture_sizes import recording_user_sizes
+
+        with recording_user_sizes(_user_capture_sizes(self)):
+            return create_engine_config(self, *args, **kwargs)
 
     create_engine_config_checked.__specdec_checked__ = True
     return create_engine_config_checked

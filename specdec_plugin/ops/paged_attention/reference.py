@@ -66,3 +66,9 @@ def paged_attention(
     attn = attn.transpose(1, 2)[valid]  # [total real rows, q_heads, head], in packed order
     out[index[valid]] = attn.to(out.dtype)
     return out
+
+
+def reserve_workspace(max_num_seqs: int, query_lens: tuple[int, ...], num_q_heads: int,
+                      num_kv_heads: int, head_size: int, max_seq_len: int, dtype: torch.dtype,
+                      device: torch.device) -> None:
+    """The torch reference needs no workspace (same signature as the Triton one)."""

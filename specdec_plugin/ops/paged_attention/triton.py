@@ -309,3 +309,29 @@ def paged_attention_splits(
             num_warps=4,
         )
     return out
+
+
+def reserve_workspace(max_num_seqs: int, query_lens: tuple[int, ...], num_q_heads: int,
+                      num_kv_heads: int, head_size: int, max_seq_len: int, dtype: torch.dtype,
+                      device: torch.device) -> None:
+    """Allocate, before graph capture, the largest split-KV workspace any launch can ask for.
+
+    Captured launches cannot grow the workspace (they would run unsplit, slower at small
+    batch), so the metadata builder calls this once per layer group with the step shapes it
+    will see: every batch of up to ``max_num_seqs`` requests at each query length in
+    ``query_lens`` (1 for decode and drafting, 1+K for verification).
+    """
+    if device.type != "cuda":
+        return
+    head_pad = max(16, triton.next_power_of_2(head_size))
+    group = num_q_heads // num_kv_heads
+    largest = 0
+    for query_len in query_lens:
+        _, _, block_m, _ = _tile_shape(query_len, group, head_pad, dtype)
+        for num_seqs in range(1, max_num_seqs + 1):
+            splits = _choose_splits(num_seqs * num_kv_heads, block_m, max_seq_len, device)
+            if splits == 1:
+                break  # more requests never split again
+            largest = max(largest, num_seqs * query_len * num_q_heads * splits)
+    if largest:
+        _workspace(largest * (head_pad + 2), device)

@@ -1,0 +1,187 @@
+"""Our plugin against vLLM's own CUDA backend, side by side in one run on one GPU.
+
+For each speculative method (and none), the same engine configuration runs twice, each in a
+fresh process: once on vLLM's own platform (``VLLM_PLUGINS=""``: FlashAttention, its kernels)
+and once on ours; both with vLLM's defaults (torch.compile, CUDA graphs). Each prints ms/token
+(the latency one request sees per generated token), tokens/s, acceptance length and
+per-position acceptance at each batch size, and the ratio ours/native.
+
+    python benchmarks/bench_gpu_side_by_side.py --out results/ [--model llama7b-random]
+        [--methods none,draft_model,eagle,eagle3,ngram,suffix] [--batches 1,16]
+
+Models:
+- ``llama7b-random``: the random 7.24B Llama of ../shared/notes/native-baseline.md with random
+  drafters (benchmarks/gpu_models.py) and synthetic acceptance (``--acceptance-length``, 3.0).
+- ``smollm2-padded``: SmolLM2-135M padded to a 7B-class shape with our trained drafters padded
+  to match (specdec_plugin/models/padded.py), real acceptance; needs ``--small-target`` (the
+  SmolLM2 checkpoint directory) and builds the padded checkpoints under ``--work``.
+
+Timing: each batch is generated once untimed (warm-up), then ``--repeats`` times; the median
+wall time of ``LLM.generate`` is reported (the engine runs its own process; the host clock
+brackets complete, synchronous requests). Writes ``side_by_side.json`` after every engine (a
+run cut short keeps what it measured) and ``side_by_side.png`` at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from engine_runner import run_in_subprocess  # noqa: E402
+
+METHODS = ("none", "draft_model", "eagle", "eagle3", "ngram", "suffix")
+
+
+def _llama7b_setup(args) -> tuple[str, dict, dict]:
+    from gpu_models import repeated_random_prompt, write_configs
+
+    paths = write_configs(args.work)
+    synthetic = {"rejection_sample_method": "synthetic",
+                 "synthetic_acceptance_length": args.acceptance_length}
+    k = args.k
+    specs = {
+        "none": None,
+        "draft_model": {"method": "draft_model", "model": paths["draft_model"], **synthetic},
+        "eagle": {"method": "eagle", "model": paths["eagle"], **synthetic},
+        "eagle3": {"method": "eagle3", "model": paths["eagle3"], **synthetic},
+        "ngram": {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 4, **synthetic},
+        "suffix": {"method": "suffix", **synthetic},
+    }
+    for spec in specs.values():
+        if spec is not None:
+            spec["num_speculative_tokens"] = k
+    workload = {"prompt_token_ids": [repeated_random_prompt(seed=s) for s in range(16)],
+                "engine": {"load_format": "dummy", "skip_tokenizer_init": True}}
+    return paths["target"], specs, workload
+
+
+def _padded_setup(args) -> tuple[str, dict, dict]:
+    from specdec_plugin.models.padded import build_padded_checkpoints, padded_speculative_config
+
+    paths = build_padded_checkpoints(args.work, args.small_target, device="cuda")
+    specs = {"none": None}
+    for method in ("draft_model", "eagle", "eagle3"):
+        if method in paths:
+            specs[method] = padded_speculative_config(method, paths, args.k)
+    specs["ngram"] = {"method": "ngram", "num_speculative_tokens": args.k,
+                      "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    specs["suffix"] = {"method": "suffix", "num_speculative_tokens": args.k}
+    from prompts_gpu import BENCH_PROMPTS
+
+    return paths["target"], specs, {"prompts": BENCH_PROMPTS, "engine": {}}
+
+
+SETUPS = {"llama7b-random": _llama7b_setup, "smollm2-padded": _padded_setup}
+
+
+def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> dict:
+    engine = {"dtype": "bfloat16", "max_model_len": args.max_model_len,
+              "max_num_seqs": max(args.batches), "gpu_memory_utilization": 0.85,
+              **workload["engine"]}
+    if spec is not None:
+        engine["speculative_config"] = spec
+    job = {"backend": backend, "model": target, "engine": engine, "max_tokens": args.max_tokens,
+           "batches": args.batches, "repeats": args.repeats}
+    job.update({k: v for k, v in workload.items() if k in ("prompts", "prompt_token_ids")})
+    return job
+
+
+def _row(method: str, batch: str, native: dict, ours: dict) -> dict:
+    row = {"method": method, "batch": int(batch)}
+    for name, result in (("native", native), ("ours", ours)):
+        entry = result.get("batches", {}).get(batch, {})
+        row[f"{name}_ms_per_token"] = entry.get("ms_per_token")
+        row[f"{name}_tokens_per_s"] = entry.get("tokens_per_s")
+        row[f"{name}_acceptance_length"] = entry.get("acceptance_length")
+        row[f"{name}_acceptance_per_position"] = entry.get("acceptance_per_position")
+    if row["native_ms_per_token"] and row["ours_ms_per_token"]:
+        row["ratio_ms_per_token"] = row["ours_ms_per_token"] / row["native_ms_per_token"]
+    return row
+
+
+def _print_table(rows: list[dict]) -> None:
+    def fmt(value, spec=".2f"):
+        return "-" if value is None else format(value, spec)
+
+    print(f"{'method':<12}{'batch':>6}{'native ms/tok':>15}{'ours ms/tok':>13}{'ratio':>8}"
+          f"{'native tok/s':>14}{'ours tok/s':>12}{'native AL':>11}{'ours AL':>9}")
+    for r in rows:
+        print(f"{r['method']:<12}{r['batch']:>6}{fmt(r['native_ms_per_token']):>15}"
+              f"{fmt(r['ours_ms_per_token']):>13}{fmt(r.get('ratio_ms_per_token'), '.3f'):>8}"
+              f"{fmt(r['native_tokens_per_s'], '.1f'):>14}{fmt(r['ours_tokens_per_s'], '.1f'):>12}"
+              f"{fmt(r['native_acceptance_length']):>11}{fmt(r['ours_acceptance_length']):>9}")
+
+
+def _chart(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = sorted({r["batch"] for r in rows})
+    fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 4), squeeze=False)
+    for ax, batch in zip(axes[0], batches):
+        sub = [r for r in rows if r["batch"] == batch]
+        x = range(len(sub))
+        ax.bar([i - 0.2 for i in x], [r["native_ms_per_token"] or 0 for r in sub], 0.4, label="vLLM native")
+        ax.bar([i + 0.2 for i in x], [r["ours_ms_per_token"] or 0 for r in sub], 0.4, label="specdec_plugin")
+        ax.set_xticks(list(x), [r["method"] for r in sub], rotation=20)
+        ax.set_ylabel("ms per token (lower is better)")
+        ax.set_title(f"batch {batch}")
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--work", default="/tmp/specdec_bench_models")
+    parser.add_argument("--model", choices=sorted(SETUPS), default="llama7b-random")
+    parser.add_argument("--small-target", help="SmolLM2 checkpoint directory (smollm2-padded)")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--acceptance-length", type=float, default=3.0)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    args.batches = [int(b) for b in args.batches.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    target, specs, workload = SETUPS[args.model](args)
+    report = {"model": args.model, "k": args.k, "batches": args.batches,
+              "max_tokens": args.max_tokens, "repeats": args.repeats,
+              "acceptance_length_setting": args.acceptance_length if args.model == "llama7b-random" else None,
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "engines": {}, "rows": []}
+    log = str(out / "engines.log")
+    for method in args.methods.split(","):
+        results = {}
+        for backend in ("native", "ours"):
+            job = _job(backend, target, specs[method], workload, args)
+            t0 = time.perf_counter()
+            results[backend] = run_in_subprocess(job, log_path=log)
+            results[backend]["run_s"] = round(time.perf_counter() - t0, 1)
+            report["engines"][f"{method}/{backend}"] = results[backend]
+            print(f"[{time.strftime('%H:%M:%S')}] {method}/{backend}: "
+                  f"{json.dumps({k: v for k, v in results[backend].items() if k != 'batches'})}",
+                  flush=True)
+            (out / "side_by_side.json").write_text(json.dumps(report, indent=1))
+        for batch in map(str, args.batches):
+            report["rows"].append(_row(method, batch, results["native"], results["ours"]))
+        (out / "side_by_side.json").write_text(json.dumps(report, indent=1))
+    _print_table(report["rows"])
+    _chart(report["rows"], out / "side_by_side.png",
+           f"{args.model}, K={args.k}, {args.max_tokens} output tokens")
+
+
+if __name__ == "__main__":
+    main()

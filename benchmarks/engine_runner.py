@@ -1,0 +1,135 @@
+"""One vLLM engine in its own process: generate, time, count acceptance, print one JSON line.
+
+Both the GPU side-by-side benchmark and the GPU correctness tests run each engine through this
+module, so our plugin and vLLM's own CUDA backend are driven by exactly the same code:
+
+    python benchmarks/engine_runner.py '<job json>'
+
+A job is a dict:
+    backend      "ours" (our platform plugin) or "native" (``VLLM_PLUGINS=""``: vLLM's own)
+    model        checkpoint directory
+    engine       extra ``LLM(...)`` keyword arguments (dtype, speculative_config, ...)
+    prompts      list of strings, or ``prompt_token_ids``: list of token-id lists
+    max_tokens   output tokens per request (greedy, ``ignore_eos``)
+    batches      request counts to time, e.g. [1, 16]: prompts are taken round-robin
+    repeats      timed runs per batch (median reported); one untimed warm-up run before them
+    tokens       true: also return the generated token ids of the first timed run
+
+Output: ``RESULT {...}`` with, per batch size, the median wall time, ms/token (wall time over
+the tokens one request receives: the latency a user sees per token), tokens/s (all requests),
+and the speculative counters over the timed runs (drafts, draft tokens, accepted tokens, per
+position), from which the parent derives acceptance length.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+_SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted",
+}
+_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def _spec_counters(llm) -> dict:
+    out = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_position": []}
+    for metric in llm.get_metrics():
+        if metric.name in _SPEC_COUNTERS:
+            out[_SPEC_COUNTERS[metric.name]] += int(metric.value)
+        elif metric.name == _PER_POSITION:
+            values = [int(v) for v in metric.values]
+            merged = out["per_position"] + [0] * (len(values) - len(out["per_position"]))
+            out["per_position"] = [a + b for a, b in zip(merged, values + [0] * len(merged))]
+    return out
+
+
+def _delta(after: dict, before: dict) -> dict:
+    per_pos = [a - (before["per_position"][i] if i < len(before["per_position"]) else 0)
+               for i, a in enumerate(after["per_position"])]
+    return {key: after[key] - before[key] for key in ("drafts", "draft_tokens", "accepted")} | {
+        "per_position": per_pos}
+
+
+def _requests(job: dict, batch: int) -> list:
+    if "prompt_token_ids" in job:
+        ids = job["prompt_token_ids"]
+        return [{"prompt_token_ids": ids[i % len(ids)]} for i in range(batch)]
+    prompts = job["prompts"]
+    return [prompts[i % len(prompts)] for i in range(batch)]
+
+
+def run_job(job: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.platforms import current_platform
+
+    engine = {"seed": 0, "disable_log_stats": False, **job.get("engine", {})}
+    started = time.perf_counter()
+    llm = LLM(model=job["model"], **engine)
+    config = llm.llm_engine.vllm_config
+    result = {"platform": type(current_platform).__name__,
+              "engine_start_s": round(time.perf_counter() - started, 1),
+              "cudagraph_mode": str(config.compilation_config.cudagraph_mode.name),
+              "capture_sizes": list(config.compilation_config.cudagraph_capture_sizes or []),
+              "async_scheduling": bool(config.scheduler_config.async_scheduling),
+              "batches": {}}
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
+    for batch in job["batches"]:
+        requests = _requests(job, batch)
+        llm.generate(requests, params, use_tqdm=False)  # warm-up: same shapes as the timed runs
+        before = _spec_counters(llm)
+        walls, tokens = [], None
+        for _ in range(job.get("repeats", 3)):
+            t0 = time.perf_counter()
+            outputs = llm.generate(requests, params, use_tqdm=False)
+            walls.append(time.perf_counter() - t0)
+            if tokens is None:
+                tokens = [list(o.outputs[0].token_ids) for o in outputs]
+        counters = _delta(_spec_counters(llm), before)
+        wall = statistics.median(walls)
+        generated = sum(len(t) for t in tokens)
+        entry = {
+            "wall_s": wall, "walls_s": walls,
+            "ms_per_token": 1000.0 * wall / (generated / batch),
+            "tokens_per_s": generated / wall,
+            "spec": counters,
+        }
+        if counters["drafts"]:
+            entry["acceptance_length"] = 1.0 + counters["accepted"] / counters["drafts"]
+            entry["acceptance_per_position"] = [a / counters["drafts"] for a in counters["per_position"]]
+        if job.get("tokens"):
+            entry["token_ids"] = tokens
+        result["batches"][str(batch)] = entry
+    return result
+
+
+def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None = None) -> dict:
+    """Run ``job`` in a fresh Python process (vLLM picks its platform once per process)."""
+    env = dict(os.environ)
+    if job["backend"] == "native":
+        env["VLLM_PLUGINS"] = ""
+    else:
+        env.pop("VLLM_PLUGINS", None)
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), json.dumps(job)], env=env,
+                          capture_output=True, text=True, timeout=timeout_s)
+    if log_path:
+        with open(log_path, "a") as log:
+            log.write(f"===== {json.dumps({k: v for k, v in job.items() if k != 'prompt_token_ids'})}\n")
+            log.write(proc.stdout[-20000:] + proc.stderr[-20000:])
+    # vLLM's capture progress bars name each graph set, e.g. "Capturing CUDA graphs (decode, FULL)".
+    captured = sorted(set(re.findall(r"Capturing CUDA graphs \(([^)]*)\)", proc.stderr)))
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):]) | {"captured": captured}
+    return {"error": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-3000:]}
+
+
+if __name__ == "__main__":
+    job = json.loads(sys.argv[1])
+    print("RESULT " + json.dumps(run_job(job)), flush=True)

@@ -1,0 +1,71 @@
+"""Checkpoint directories for the GPU benchmark, built on the device (configs only: weights come
+from vLLM's ``load_format="dummy"``, uniform random values, the same in both backends).
+
+- ``llama-7b-random``: a 7.24B Llama (32 layers, hidden 4096, MLP 14336, 32/8 heads, vocab
+  32,000), the shape of ../shared/notes/native-baseline.md.
+- its drafters: a 2-layer 96M Llama (``draft_model``), an EAGLE-1 head (fc 2d->d + one decoder
+  layer) and an EAGLE-3 head (fc over 3 target layers + one decoder layer, full vocabulary, so
+  the zero-initialised draft-to-target map is the identity).
+
+Random weights make acceptance meaningless, so these runs use vLLM's synthetic rejection
+sampling: each draft is accepted with a fixed probability calibrated to a target acceptance
+length. That measures the cost of the machinery (drafting, verification, sampling, graphs)
+independently of drafter quality.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+LLAMA_7B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+    "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
+}
+
+# hidden 1024, 8 heads of 128, 2 layers, MLP 3584, untied 32K embeddings: 96M parameters.
+DRAFT_2_LAYER = {**LLAMA_7B, "hidden_size": 1024, "intermediate_size": 3584,
+                 "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8}
+
+EAGLE_HEAD = {**LLAMA_7B, "num_hidden_layers": 1}
+
+EAGLE3_HEAD = {**LLAMA_7B, "num_hidden_layers": 1, "draft_vocab_size": 32000,
+               "target_hidden_size": 4096, "norm_before_residual": False,
+               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 16, 29],
+                                "use_aux_hidden_state": True}}
+
+CONFIGS = {"target": LLAMA_7B, "draft_model": DRAFT_2_LAYER, "eagle": EAGLE_HEAD,
+           "eagle3": EAGLE3_HEAD}
+
+
+def write_configs(root: str | Path) -> dict[str, str]:
+    """One directory per entry of CONFIGS holding its config.json; returns name -> path."""
+    root = Path(root)
+    paths = {}
+    for name, config in CONFIGS.items():
+        directory = root / f"llama7b-{name}"
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_text(json.dumps(config, indent=1))
+        paths[name] = str(directory)
+    return paths
+
+
+def param_count(config: dict) -> int:
+    h, m, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    kv = config["num_key_value_heads"] * config["head_dim"]
+    q = config["num_attention_heads"] * config["head_dim"]
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * m + 2 * h
+    embeddings = config["vocab_size"] * h * (1 if config["tie_word_embeddings"] else 2)
+    return layers * per_layer + embeddings + h
+
+
+def repeated_random_prompt(num_distinct: int = 32, repeats: int = 6, vocab: int = 32000,
+                           seed: int = 0) -> list[int]:
+    """192 token ids: 32 random ids repeated 6 times (as in the native baseline notes)."""
+    rng = random.Random(seed)
+    ids = [rng.randrange(100, vocab) for _ in range(num_distinct)]
+    return ids * repeats

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One step of a GPU-machine session (after the device kit and SmolLM2 are staged, see
+# scripts/devkit_resplit.py and scripts/stage_smollm2.py). Long jobs run detached (setsid) so
+# they outlive the 10-minute limit of one device call; later calls wait on them and copy their
+# results to $OUT.
+#
+#   bash scripts/device_session.sh setup                 # install the plugin (builds csrc/)
+#   bash scripts/device_session.sh kernels               # GPU kernel tests (tests/ops, -m gpu)
+#   bash scripts/device_session.sh start NAME CMD...     # run CMD detached, log in /root/jobs
+#   bash scripts/device_session.sh wait NAME SECONDS     # wait for NAME (at most SECONDS), copy
+#                                                        # /root/jobs/NAME.* and NAME/ to $OUT
+set -uo pipefail
+export PYTHONPATH=/root/site PYTHONUNBUFFERED=1
+JOBS=/root/jobs
+mkdir -p "$JOBS"
+step=$1; shift
+
+case "$step" in
+setup)
+    python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -3
+    python3 -c "import specdec_plugin, specdec_plugin._C, vllm; print('plugin', specdec_plugin.__file__, 'vllm', vllm.__version__)"
+    nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
+    ;;
+kernels)
+    python3 -m pytest -q -m gpu tests/ops -p no:cacheprovider 2>&1 | tail -15
+    ;;
+start)
+    name=$1; shift
+    rm -f "$JOBS/$name".*
+    setsid bash -c "$* > $JOBS/$name.log 2>&1; echo \$? > $JOBS/$name.rc" < /dev/null &
+    echo "started $name"
+    ;;
+wait)
+    name=$1; limit=$2
+    for _ in $(seq 1 "$limit"); do
+        [ -f "$JOBS/$name.rc" ] && break
+        sleep 1
+    done
+    if [ -f "$JOBS/$name.rc" ]; then echo "$name finished: rc=$(cat "$JOBS/$name.rc")"; else echo "$name still running"; fi
+    cp "$JOBS/$name".* "$OUT"/ 2>/dev/null
+    [ -d "$JOBS/$name" ] && cp -r "$JOBS/$name" "$OUT"/
+    tail -c 6000 "$JOBS/$name.log"
+    ;;
+*)
+    echo "unknown step $step" >&2; exit 2
+    ;;
+esac
