@@ -73,6 +73,19 @@ KERNELS: dict[str, dict[str, str]] = {
         "torch": f"{_OPS}.spec_prep.reference:copy_and_expand_dflash_inputs",
         "triton": f"{_OPS}.spec_prep.triton:copy_and_expand_dflash_inputs",
     },
+    # model layers: vLLM's RMSNorm / RotaryEmbedding / SiluAndMul (ops/custom_ops.py)
+    "rms_norm": {
+        "torch": f"{_OPS}.rms_norm.reference:rms_norm",
+        "triton": f"{_OPS}.rms_norm.triton:rms_norm",
+    },
+    "rotary_embedding": {
+        "torch": f"{_OPS}.rotary.reference:apply_rotary",
+        "triton": f"{_OPS}.rotary.triton:apply_rotary",
+    },
+    "silu_and_mul": {
+        "torch": f"{_OPS}.activation.reference:silu_and_mul",
+        "triton": f"{_OPS}.activation.triton:silu_and_mul",
+    },
 }
 
 

@@ -33,6 +33,10 @@ class SpecDecWorker(Worker):
         layer = self.device_layer
         layer.prepare_worker_process()
         apply_worker_patches()
+        # Our norm / rotary / activation layers, before any model or drafter is built.
+        from specdec_plugin.ops.custom_ops import register_custom_ops
+
+        register_custom_ops(self.device_layer.kernel_providers)
 
         self.device = layer.worker_device(self.local_rank)
         layer.set_device(self.device)
