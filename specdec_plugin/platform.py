@@ -84,8 +84,17 @@ class SpecDecPlatform(Platform):
     # ---- device control ----
     @classmethod
     def import_kernels(cls) -> None:
-        # vLLM's compiled `_C` is absent from the 0.26 wheel and unused here: nothing to load.
-        pass
+        # None of vLLM's compute kernels run here; a device may still need vLLM's extension for
+        # graph utilities its wrappers call (weak_ref_tensor in CUDAGraphWrapper).
+        import importlib
+
+        for module in cls.device.vllm_extensions:
+            try:
+                importlib.import_module(module)
+            except ImportError as error:
+                from vllm.logger import init_logger
+
+                init_logger(__name__).warning("specdec_plugin: could not import %s (%r)", module, error)
 
     @classmethod
     def set_device(cls, device: torch.device) -> None:

@@ -20,6 +20,8 @@ class DeviceLayer:
     kernel_providers: ClassVar[tuple[str, ...]] = ("torch",)
     # First entry is vLLM's fallback for dtype="auto" on unsupported checkpoint dtypes.
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32,)
+    # vLLM extension modules the platform imports in import_kernels (no compute kernels).
+    vllm_extensions: ClassVar[tuple[str, ...]] = ()
     supports_graphs: ClassVar[bool] = False
     pin_memory: ClassVar[bool] = False
     # vLLM's warm-up samples once at the largest batch to pre-allocate device memory; where

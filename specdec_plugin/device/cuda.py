@@ -20,6 +20,8 @@ class CudaDevice(DeviceLayer):
     supports_graphs: ClassVar[bool] = True
     pin_memory: ClassVar[bool] = True
     install_hint: ClassVar[str] = "a CUDA build of torch and an NVIDIA driver"
+    # torch.ops._C.weak_ref_tensor, which vLLM's CUDA graph wrapper calls on captured outputs.
+    vllm_extensions: ClassVar[tuple[str, ...]] = ("vllm._C_stable_libtorch",)
 
     @classmethod
     def is_present(cls) -> bool:

@@ -36,6 +36,9 @@ from tests.spec_configs import K  # noqa: E402
 
 MAX_TOKENS = 64
 METHODS = ["draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix"]
+# vLLM's own suffix decoding needs arctic-inference, which has no wheel for vLLM 0.26's pin
+# (PyPI offers 0.0.1-0.0.4): no native reference for suffix.
+NATIVE_METHODS = [m for m in METHODS if m != "suffix"]
 PARALLEL_ENGINES = int(os.environ.get("SPECDEC_GPU_PARALLEL", "6"))
 TIE_GAP = 1e-4
 
@@ -70,7 +73,7 @@ def _jobs(smollm2: str) -> dict[str, dict]:
         for method in METHODS:
             target = mimo if method == "mtp" else smollm2
             jobs[f"ours/{dtype}/{method}"] = job("ours", target, dtype, _spec(method))
-    for method in METHODS:
+    for method in NATIVE_METHODS:
         target = mimo if method == "mtp" else smollm2
         jobs[f"native/bfloat16/{method}"] = job("native", target, "bfloat16", _spec(method))
     jobs["ours/float32/none-eager"] = job("ours", smollm2, "float32", enforce_eager=True)
@@ -157,7 +160,7 @@ def test_fp32_greedy_equal_but_ties(results, method):
     _assert_equal_but_ties(results, _baseline(method, "float32"), f"ours/float32/{method}")
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", NATIVE_METHODS)
 def test_acceptance_length_matches_native(results, method):
     _, ours = _tokens(results, f"ours/bfloat16/{method}")
     _, native = _tokens(results, f"native/bfloat16/{method}")

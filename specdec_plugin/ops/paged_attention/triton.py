@@ -189,6 +189,12 @@ def _merge_splits_kernel(
 # Host side: tile choice, split heuristic, workspace.
 
 _workspaces: dict[torch.device, torch.Tensor] = {}
+# The context length the split heuristic plans for, per device: max_model_len, recorded by
+# reserve_workspace. Graph capture sees max_seq_len = max_model_len while eager steps see the
+# batch's real lengths; planning both for the same length gives a request the same split count
+# (so the same summation order) in a captured decode graph and in an eager mixed batch. bf16
+# greedy output then does not flip on near-ties between those two paths.
+_planned_seq_len: dict[int | None, int] = {}
 _retired_workspaces: list[torch.Tensor] = []  # kept alive: captured graphs may point at them
 
 
@@ -270,7 +276,8 @@ def paged_attention_splits(
     num_q_tiles = triton.cdiv(max_query_len, block_q)
 
     if num_splits is None:
-        num_splits = (_choose_splits(num_seqs * num_kv_heads, block_m, max_seq_len, query.device)
+        plan_len = max(max_seq_len, _planned_seq_len.get(query.device.index, 0))
+        num_splits = (_choose_splits(num_seqs * num_kv_heads, block_m, plan_len, query.device)
                       if num_q_tiles == 1 else 1)
     part_acc = part_max = part_sum = out  # placeholders, unused when unsplit
     if num_splits > 1:
@@ -323,6 +330,8 @@ def reserve_workspace(max_num_seqs: int, query_lens: tuple[int, ...], num_q_head
     """
     if device.type != "cuda":
         return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    _planned_seq_len[index] = max(_planned_seq_len.get(index, 0), max_seq_len)
     head_pad = max(16, triton.next_power_of_2(head_size))
     group = num_q_heads // num_kv_heads
     largest = 0
