@@ -16,7 +16,7 @@ Models:
   to match (specdec_plugin/models/padded.py), real acceptance; needs ``--small-target`` (the
   SmolLM2 checkpoint directory) and builds the padded checkpoints under ``--work``.
 
-Timing: each batch is generated once untimed (warm-up), then ``--repeats`` times; the median
+Timing: each batch is generated ``--warmups`` times untimed, then ``--repeats`` times; the median
 wall time of ``LLM.generate`` is reported (the engine runs its own process; the host clock
 brackets complete, synchronous requests). Writes ``side_by_side.json`` after every engine (a
 run cut short keeps what it measured) and ``side_by_side.png`` at the end.
@@ -86,7 +86,7 @@ def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> 
     if spec is not None:
         engine["speculative_config"] = spec
     job = {"backend": backend, "model": target, "engine": engine, "max_tokens": args.max_tokens,
-           "batches": args.batches, "repeats": args.repeats}
+           "batches": args.batches, "repeats": args.repeats, "warmups": args.warmups}
     job.update({k: v for k, v in workload.items() if k in ("prompts", "prompt_token_ids")})
     return job
 
@@ -152,6 +152,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmups", type=int, default=2)
     args = parser.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     out = Path(args.out)

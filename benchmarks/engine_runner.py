@@ -12,7 +12,8 @@ A job is a dict:
     prompts      list of strings, or ``prompt_token_ids``: list of token-id lists
     max_tokens   output tokens per request (greedy, ``ignore_eos``)
     batches      request counts to time, e.g. [1, 16]: prompts are taken round-robin
-    repeats      timed runs per batch (median reported); one untimed warm-up run before them
+    repeats      timed runs per batch (median reported)
+    warmups      untimed runs before them (default 2)
     tokens       true: also return the generated token ids of the first timed run
 
 Output: ``RESULT {...}`` with, per batch size, the median wall time, ms/token (wall time over
@@ -82,7 +83,10 @@ def run_job(job: dict) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
     for batch in job["batches"]:
         requests = _requests(job, batch)
-        llm.generate(requests, params, use_tqdm=False)  # warm-up: same shapes as the timed runs
+        # Warm-up with the same shapes as the timed runs. One was not enough on the H100
+        # (2026-11-22): our engines' first timed runs were still slower (kernel JIT).
+        for _ in range(job.get("warmups", 2)):
+            llm.generate(requests, params, use_tqdm=False)
         before = _spec_counters(llm)
         walls, tokens = [], None
         for _ in range(job.get("repeats", 3)):

@@ -27,7 +27,8 @@ kernels)
 start)
     name=$1; shift
     rm -f "$JOBS/$name".*
-    setsid bash -c "$* > $JOBS/$name.log 2>&1; echo \$? > $JOBS/$name.rc" < /dev/null &
+    # The parentheses send every command of CMD (not only the last) to the log.
+    setsid bash -c "( $* ) > $JOBS/$name.log 2>&1; echo \$? > $JOBS/$name.rc" < /dev/null &
     echo "started $name"
     ;;
 wait)

@@ -280,4 +280,11 @@ def test_real_shapes_gpu(dtype, tokens):
         rope_ref.apply_rotary(positions, want[:, :4096], want[:, 4096:5120], cache, 128, 128,
                               is_neox)
         apply_rotary(positions, q, k, cache, 128, 128, is_neox)
-        torch.testing.assert_close(qkv, want, **tol(dtype))
+        # The GPU compiler contracts one product into its sum (an FMA), so an element can
+        # differ from the reference by one rounding; near zero that is a large relative error
+        # (seen on an H100: 18 of 3.1M elements, at most 2e-3 absolute). Bound the error
+        # relative to the norm, and each element by two units of the dtype at its magnitude.
+        diff = (qkv.float() - want.float())
+        assert diff.norm() / want.float().norm() < {torch.bfloat16: 1e-2, torch.float16: 1e-3}[dtype]
+        ulp = torch.finfo(dtype).eps * want.float().abs().clamp(min=1.0)
+        assert bool((diff.abs() <= 2 * ulp).all()), float((diff.abs() / ulp).max())
