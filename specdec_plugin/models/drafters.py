@@ -31,13 +31,12 @@ vLLM, and ``target_for(kind)`` the target model path to pair it with.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
 
 from specdec_plugin.models.cache import build_atomically, cache_root, read_marker
-from specdec_plugin.models.smollm2 import fetch_smollm2
+from specdec_plugin.models.smollm2 import fetch_smollm2, sha256_of
 
 KINDS = ("draft_model", "eagle", "eagle3", "mtp")
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets" / "drafters"
@@ -98,14 +97,6 @@ def load_shipped_tensors(kind: str) -> dict:
         metadata = handle.metadata()
         tensors = {name: handle.get_tensor(name) for name in handle.keys()}
     return dequantize_tensors(tensors, metadata)
-
-
-def _digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()[:32]
 
 
 def _copy_tokenizer(target_dir: Path, out_dir: Path) -> None:
@@ -177,7 +168,7 @@ def drafter_checkpoint(kind: str, cache_dir: str | Path | None = None) -> Path:
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
     out = root / CACHE_SUBDIR / kind
     weights, config = shipped_files(kind)
-    marker = f"{CHECKPOINT_BUILD_VERSION}-{_digest(weights)}-{_digest(config)}"
+    marker = f"{CHECKPOINT_BUILD_VERSION}-{sha256_of(weights)[:32]}-{sha256_of(config)[:32]}"
     if read_marker(out) == marker:
         return out
     target_dir = fetch_smollm2()

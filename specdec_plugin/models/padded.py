@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specdec_plugin.models.cache import build_atomically, read_marker
+from specdec_plugin.models.smollm2 import sha256_of
 from specdec_plugin.models.drafters import (
     TOKENIZER_FILES,
     load_shipped_tensors,
@@ -146,18 +147,8 @@ def write_sharded(named_tensors, folder: Path, max_shard_bytes: int = MAX_SHARD_
     return total
 
 
-def _file_digest(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()[:24]
-
-
 def _marker(kind: str, shape, seed: int, sources: list[Path]) -> str:
-    digests = ",".join(_file_digest(p) for p in sorted(sources))
+    digests = ",".join(sha256_of(p)[:24] for p in sorted(sources))
     return f"{BUILD_VERSION} {kind} {json.dumps(asdict(shape), sort_keys=True)} seed={seed} " \
            f"src={digests}"
 
