@@ -29,7 +29,7 @@ WORKER = "specdec_plugin.worker.worker.SpecDecWorker"
 class SpecDecPlatform(Platform):
     _enum = PlatformEnum.OOT
     device: ClassVar[DeviceLayer]
-    # Dynamo must not trace vLLM's small @torch.compile helpers on devices without graphs.
+    # Set per device from DeviceLayer.compile_backend (see _build).
     simple_compile_backend: str = "eager"
 
     # ---- facts ----
@@ -164,6 +164,7 @@ def _build(device_name: str) -> type[SpecDecPlatform]:
         "dist_backend": layer.dist_backend,
         "device_control_env_var": layer.device_control_env_var,
         "ray_device_key": layer.ray_device_key,
+        "simple_compile_backend": layer.compile_backend,
         "__module__": __name__,
     }
     name = platform_class_name(device_name)

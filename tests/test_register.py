@@ -40,11 +40,16 @@ def test_register_unknown_forced_device(monkeypatch):
 def test_platform_classes_resolve():
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
-    for name, device_type, dispatch in [("Cpu", "cpu", "CPU"), ("Cuda", "cuda", "CUDA"), ("Npu", "npu", "PrivateUse1")]:
+    # compile backend: Inductor where vLLM's own CUDA platform uses it (the 7B EAGLE step was
+    # 4x slower with "eager", BENCHMARKS.md); "eager" on CPU and the NPU until measured there.
+    for name, device_type, dispatch, backend in [("Cpu", "cpu", "CPU", "eager"),
+                                                 ("Cuda", "cuda", "CUDA", "inductor"),
+                                                 ("Npu", "npu", "PrivateUse1", "eager")]:
         cls = resolve_obj_by_qualname(f"specdec_plugin.platform.{name}SpecDecPlatform")
         assert cls.device_type == cls.device_name == device_type
         assert cls.dispatch_key == dispatch
         assert cls.is_out_of_tree(cls)
+        assert cls.simple_compile_backend == cls.get_compile_backend() == backend
 
 
 def _current_platform(env_overrides: dict) -> str:

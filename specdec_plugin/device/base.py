@@ -23,6 +23,10 @@ class DeviceLayer:
     # vLLM extension modules the platform imports in import_kernels (no compute kernels).
     vllm_extensions: ClassVar[tuple[str, ...]] = ()
     supports_graphs: ClassVar[bool] = False
+    # torch.compile backend for vLLM's model graphs and its small @torch.compile helpers
+    # (Platform.simple_compile_backend). "eager" traces without code generation: right where
+    # Inductor has no code generator or measured no gain.
+    compile_backend: ClassVar[str] = "eager"
     pin_memory: ClassVar[bool] = False
     # vLLM's warm-up samples once at the largest batch to pre-allocate device memory; where
     # memory is not pre-allocated that only costs time (a full-vocabulary sort per row on CPU),

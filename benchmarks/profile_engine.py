@@ -1,0 +1,147 @@
+"""Where one engine's decode time goes: a torch-profiler and cProfile look at ``LLM.generate``.
+
+The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so both profilers
+see the scheduler, the model runner, the drafter and every kernel launch. Prints:
+
+- the wall time of several generate calls after warm-up (is it still falling? then something
+  is still compiling),
+- host-side totals from the torch profiler: device kernel time, graph launches, kernel launches,
+  host<->device copies and synchronisations (a step that waits on the GPU cannot overlap),
+- the top operators by self host time and by device time,
+- the top Python functions by own time (cProfile).
+
+    python benchmarks/profile_engine.py --backend ours --method eagle --batch 1 --out DIR
+
+Uses the random 7.24B Llama of the side-by-side benchmark (benchmarks/gpu_models.py) with
+synthetic acceptance. Native: ``--backend native`` (``VLLM_PLUGINS=""``, set before vLLM loads).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gzip
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def _args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", choices=("ours", "native"), default="ours")
+    p.add_argument("--method", default="eagle")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--timed", type=int, default=4)
+    p.add_argument("--out", required=True)
+    p.add_argument("--work", default="/tmp/specdec_bench_models")
+    p.add_argument("--engine", default="{}", help="extra LLM(...) arguments as JSON")
+    return p.parse_args()
+
+
+def _speculative_config(method: str, paths: dict, k: int) -> dict | None:
+    if method == "none":
+        return None
+    spec = {"method": method, "num_speculative_tokens": k,
+            "rejection_sample_method": "synthetic", "synthetic_acceptance_length": 3.0}
+    if method in ("draft_model", "eagle", "eagle3"):
+        spec["model"] = paths[method]
+    if method == "ngram":
+        spec |= {"prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    return spec
+
+
+def _profiler_summary(prof) -> dict:
+    """Totals over the profiled region, by event name."""
+    totals: dict[str, dict] = {}
+    device_kernel_us = 0.0
+    for e in prof.key_averages():
+        totals[e.key] = {"count": e.count, "self_cpu_us": e.self_cpu_time_total,
+                         "device_us": getattr(e, "self_device_time_total", 0.0)}
+        device_kernel_us += getattr(e, "self_device_time_total", 0.0)
+    watch = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx",
+             "cudaLaunchKernelExC", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+             "cudaEventSynchronize", "cudaMemcpyAsync", "aten::item", "aten::_local_scalar_dense",
+             "aten::to", "aten::copy_", "aten::nonzero")
+    return {"device_self_total_ms": device_kernel_us / 1000.0,
+            "watched": {name: totals[name] for name in watch if name in totals}}
+
+
+def main() -> None:
+    args = _args()
+    os.makedirs(args.out, exist_ok=True)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CUSTOM_SCOPES_FOR_PROFILING", "1")  # runner phases as ranges
+    if args.backend == "native":
+        os.environ["VLLM_PLUGINS"] = ""
+    import torch
+    from gpu_models import repeated_random_prompt, write_configs
+    from vllm import LLM, SamplingParams
+
+    paths = write_configs(args.work)
+    engine = {"dtype": "bfloat16", "max_model_len": 1024, "max_num_seqs": max(args.batch, 1),
+              "gpu_memory_utilization": 0.85, "load_format": "dummy", "skip_tokenizer_init": True,
+              "seed": 0, **json.loads(args.engine)}
+    spec = _speculative_config(args.method, paths, args.k)
+    if spec is not None:
+        engine["speculative_config"] = spec
+    t0 = time.perf_counter()
+    llm = LLM(model=paths["target"], **engine)
+    start_s = time.perf_counter() - t0
+    requests = [{"prompt_token_ids": repeated_random_prompt(seed=s)} for s in range(args.batch)]
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    for _ in range(2):
+        llm.generate(requests, params, use_tqdm=False)
+    walls = []
+    for _ in range(args.timed):
+        t = time.perf_counter()
+        llm.generate(requests, params, use_tqdm=False)
+        walls.append(time.perf_counter() - t)
+    ms_per_token = [1000 * w / args.max_tokens for w in walls]
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        llm.generate(requests, params, use_tqdm=False)
+        torch.cuda.synchronize()
+        profiled_wall = time.perf_counter() - t
+    trace = os.path.join(args.out, "trace.json")
+    prof.export_chrome_trace(trace)
+    with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:
+        dst.write(src.read())
+    os.remove(trace)
+    summary = _profiler_summary(prof)
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    llm.generate(requests, params, use_tqdm=False)
+    profiler.disable()
+    stream = io.StringIO()
+    stats = pstats.Stats(profiler, stream=stream)
+    stats.sort_stats("tottime").print_stats(45)
+    stats.sort_stats("cumulative").print_stats(70)
+    with open(os.path.join(args.out, "cprofile.txt"), "w") as f:
+        f.write(stream.getvalue())
+
+    result = {"backend": args.backend, "method": args.method, "batch": args.batch,
+              "engine_start_s": round(start_s, 1), "ms_per_token_runs": ms_per_token,
+              "ms_per_token_median": statistics.median(ms_per_token),
+              "profiled_wall_ms": profiled_wall * 1000, **summary}
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print("SUMMARY " + json.dumps(result))
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=40))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=35))
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25))
+    print(stream.getvalue()[:12000])
+
+
+if __name__ == "__main__":
+    main()
