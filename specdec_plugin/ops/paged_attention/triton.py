@@ -11,17 +11,14 @@ folded into the query.
 Split-KV (flash-decoding). When the grid above is too small to fill the GPU (few requests,
 single query tile, long context), each program also takes one of ``NUM_SPLITS`` contiguous
 slices of its request's keys and writes an unnormalised partial (acc, running max, running sum)
-to a workspace; the last slice of a (request, kv head) to finish merges them (an arrival
-counter, so one launch and no second kernel). How many slices a request really uses follows
-its length on the device, so short contexts skip the merge. Unlike vLLM's Triton backend this also
+to a workspace; a second kernel merges the slices. Unlike vLLM's Triton backend this also
 applies to multi-token verification tiles, which is where spec decode at small batch sits.
 The slice bounds come from ``seq_lens`` on the device, so a launch fixed at graph capture is
 right for any later sequence lengths.
 
 Graph safety: nothing here reads device values on the host. The host picks tile sizes from
 ``max_query_len`` and the split count from ``max_seq_len`` / batch size (heuristics only;
-results are exact for any seq_lens). The split workspace (partials and arrival counters, which
-every launch leaves at zero) is cached per device and never freed
+results are exact for any seq_lens). The split workspace is cached per device and never freed
 once handed to a launch, so a captured graph never points at released memory; while a graph is
 being captured a workspace that is too small is not grown: that launch runs unsplit instead.
 """
@@ -40,9 +37,6 @@ _LOG2E = 1.4426950408889634
 _MAX_BLOCK_M = 128
 _MAX_SPLITS = 16
 _MIN_KEYS_PER_SPLIT = 64
-# On the device a request uses fewer slices than the launch allows when its context is short:
-# each slice gets at least this many key tiles (BLOCK_N keys each).
-_MIN_SPLIT_TILES = 2
 # Split until the grid has about this many programs per SM. Measured on an H100 (bf16, head 128,
 # decode and 1+4 verification, batch 1-16, context 512-8k): 16-row tiles gain up to 10% from 4,
 # 32-row tiles lose up to 15% with 4 and do best with 2.
@@ -53,7 +47,7 @@ _PROGRAMS_PER_SM = 2
 @triton.jit
 def _attention_tile_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, query_start_loc_ptr, seq_lens_ptr,
-    out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, arrivals_ptr,
+    out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
     qk_scale,  # softmax scale * log2(e)
     stride_qt, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -66,7 +60,7 @@ def _attention_tile_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, MIN_SPLIT_TILES: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -100,19 +94,13 @@ def _attention_tile_kernel(
     q_pos = context_len + q_tok
     kv_end = context_len + tl.minimum(q_len, tile_q0 + BLOCK_Q)
 
-    # NUM_SPLITS is the most slices a launch may use (fixed at graph capture); how many this
-    # request uses follows its length on the device: at least MIN_SPLIT_TILES key tiles each,
-    # so a short context runs as one slice and needs no merge.
-    num_kv_tiles = (kv_end + BLOCK_N - 1) // BLOCK_N
-    active = 1
-    if NUM_SPLITS > 1:
-        active = tl.minimum(tl.maximum(num_kv_tiles // MIN_SPLIT_TILES, 1), NUM_SPLITS)
-    tiles_per_split = (num_kv_tiles + active - 1) // active
-    active = (num_kv_tiles + tiles_per_split - 1) // tiles_per_split  # no empty slice at the end
-    if split >= active:
-        return
-    kv_lo = split * tiles_per_split * BLOCK_N
-    kv_hi = tl.minimum(kv_end, kv_lo + tiles_per_split * BLOCK_N)
+    if NUM_SPLITS == 1:
+        kv_lo = 0
+        kv_hi = kv_end
+    else:
+        tiles_per_split = ((kv_end + BLOCK_N - 1) // BLOCK_N + NUM_SPLITS - 1) // NUM_SPLITS
+        kv_lo = split * tiles_per_split * BLOCK_N
+        kv_hi = tl.minimum(kv_end, kv_lo + tiles_per_split * BLOCK_N)
 
     m_i = tl.full([BLOCK_M], _M_INIT, dtype=tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, dtype=tl.float32)
@@ -148,56 +136,59 @@ def _attention_tile_kernel(
         m_i = m_new
 
     q_head_valid = row_valid[:, None] & dim_valid[None, :]
-    out_rows = out_ptr + token[:, None] * stride_ot + q_head[:, None] * stride_oh + dims[None, :]
-    if active == 1:
+    if NUM_SPLITS == 1:
         out = acc / l_i[:, None]
-        tl.store(out_rows, out.to(out_ptr.dtype.element_ty), mask=q_head_valid)
+        tl.store(
+            out_ptr + token[:, None] * stride_ot + q_head[:, None] * stride_oh + dims[None, :],
+            out.to(out_ptr.dtype.element_ty), mask=q_head_valid,
+        )
     else:
-        # Publish this slice's unnormalised partial, then count arrivals for this
-        # (request, kv head): the last slice to arrive merges all of them. One launch, no
-        # second kernel. The counter is left at 0 for the next launch (or graph replay).
+        # Partials are indexed by (request, query index, q head, split), not by token, so the
+        # workspace size depends only on the launch shape. A request longer than max_query_len
+        # (caller error) must not write past it.
         part_valid = row_valid & (q_tok < max_query_len)
-        prow0 = ((seq * max_query_len + q_tok) * NUM_Q_HEADS + q_head).to(tl.int64) * NUM_SPLITS
-        tl.store(part_acc_ptr + (prow0 + split)[:, None] * HEAD_PAD + dims[None, :], acc,
+        prow = ((seq * max_query_len + q_tok) * NUM_Q_HEADS + q_head).to(tl.int64)
+        prow = prow * NUM_SPLITS + split
+        tl.store(part_acc_ptr + prow[:, None] * HEAD_PAD + dims[None, :], acc,
                  mask=part_valid[:, None] & dim_valid[None, :])
-        tl.store(part_max_ptr + prow0 + split, m_i, mask=part_valid)
-        tl.store(part_sum_ptr + prow0 + split, l_i, mask=part_valid)
-        tl.debug_barrier()  # every thread's stores precede the release below
-        counter = arrivals_ptr + seq * tl.num_programs(1) + kv_head
-        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if arrived == active - 1:
-            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-            # Merge in slice order whichever slice arrives last, so the rounding (and a bf16
-            # output) does not depend on scheduling. Loads bypass L1 (".cg"): other SMs wrote
-            # these partials during this launch.
-            m_run = tl.full([BLOCK_M], _M_INIT, dtype=tl.float32)
-            l_run = tl.full([BLOCK_M], 0.0, dtype=tl.float32)
-            acc_run = tl.full([BLOCK_M, HEAD_PAD], 0.0, dtype=tl.float32)
-            for j in range(0, active):
-                m_s = tl.load(part_max_ptr + prow0 + j, mask=part_valid, other=_M_INIT,
-                              cache_modifier=".cg")
-                l_s = tl.load(part_sum_ptr + prow0 + j, mask=part_valid, other=0.0,
-                              cache_modifier=".cg")
-                acc_s = tl.load(part_acc_ptr + (prow0 + j)[:, None] * HEAD_PAD + dims[None, :],
-                                mask=part_valid[:, None] & dim_valid[None, :], other=0.0,
-                                cache_modifier=".cg")
-                # Empty slices of a row carry m = -1e30, l = 0: their weight underflows to 0.
-                m_new = tl.maximum(m_run, m_s)
-                keep = tl.math.exp2(m_run - m_new)
-                take = tl.math.exp2(m_s - m_new)
-                acc_run = acc_run * keep[:, None] + acc_s * take[:, None]
-                l_run = l_run * keep + l_s * take
-                m_run = m_new
-            out = acc_run / l_run[:, None]
-            tl.store(out_rows, out.to(out_ptr.dtype.element_ty), mask=q_head_valid)
+        tl.store(part_max_ptr + prow, m_i, mask=part_valid)
+        tl.store(part_sum_ptr + prow, l_i, mask=part_valid)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    part_acc_ptr, part_max_ptr, part_sum_ptr, query_start_loc_ptr, out_ptr,
+    stride_ot, stride_oh, max_query_len,
+    NUM_Q_HEADS: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    seq = pid // max_query_len
+    j = pid % max_query_len
+    q_head = tl.program_id(1)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if j >= q_len:
+        return
+
+    splits = tl.arange(0, NUM_SPLITS)
+    dims = tl.arange(0, HEAD_PAD)
+    prow = ((seq * max_query_len + j) * NUM_Q_HEADS + q_head).to(tl.int64) * NUM_SPLITS + splits
+    m = tl.load(part_max_ptr + prow)
+    l = tl.load(part_sum_ptr + prow)
+    acc = tl.load(part_acc_ptr + prow[:, None] * HEAD_PAD + dims[None, :])
+    # Empty splits carry m = -1e30, l = 0, acc = 0, so their weight underflows to 0.
+    weight = tl.math.exp2(m - tl.max(m, axis=0))
+    out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
+    token = (q_start + j).to(tl.int64)
+    tl.store(out_ptr + token * stride_ot + q_head * stride_oh + dims,
+             out.to(out_ptr.dtype.element_ty), mask=dims < HEAD)
 
 
 # ---------------------------------------------------------------------------------------------
 # Host side: tile choice, split heuristic, workspace.
 
-# Split-KV scratch per (device, kind): "partials" (fp32 acc / max / sum of every slice) and
-# "arrivals" (int32 per request and kv head, zero between launches: the kernel resets it).
-_workspaces: dict[tuple[torch.device, str], torch.Tensor] = {}
+_workspaces: dict[torch.device, torch.Tensor] = {}
 # The context length the split heuristic plans for, per device: max_model_len, recorded by
 # reserve_workspace. Graph capture sees max_seq_len = max_model_len while eager steps see the
 # batch's real lengths; planning both for the same length gives a request the same split count
@@ -207,18 +198,17 @@ _planned_seq_len: dict[int | None, int] = {}
 _retired_workspaces: list[torch.Tensor] = []  # kept alive: captured graphs may point at them
 
 
-def _workspace(numel: int, device: torch.device, kind: str = "partials") -> torch.Tensor | None:
-    ws = _workspaces.get((device, kind))
+def _workspace(numel: int, device: torch.device) -> torch.Tensor | None:
+    ws = _workspaces.get(device)
     if ws is not None and ws.numel() >= numel:
         return ws[:numel]
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return None
     if ws is not None:
         _retired_workspaces.append(ws)
-    size = max(numel, 2 * (ws.numel() if ws is not None else 0))
-    ws = (torch.zeros(size, dtype=torch.int32, device=device) if kind == "arrivals"
-          else torch.empty(size, dtype=torch.float32, device=device))
-    _workspaces[(device, kind)] = ws
+    ws = torch.empty(max(numel, 2 * (ws.numel() if ws is not None else 0)),
+                     dtype=torch.float32, device=device)
+    _workspaces[device] = ws
     return ws[:numel]
 
 
@@ -271,8 +261,7 @@ def paged_attention_splits(
     query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale, out,
     max_query_len: int, max_seq_len: int, num_splits: int | None,
 ) -> torch.Tensor:
-    """``paged_attention`` with the most KV slices forced (``None``: heuristic). For tests: a
-    forced count also lets a slice be a single key tile, so tiny contexts exercise the merge."""
+    """``paged_attention`` with the KV split count forced (``None``: heuristic). For tests."""
     num_seqs = seq_lens.shape[0]
     if num_seqs == 0 or max_query_len == 0 or max_seq_len == 0:
         return out
@@ -286,20 +275,17 @@ def paged_attention_splits(
     group_pad, block_q, block_m, block_n = _tile_shape(max_query_len, group, head_pad, query.dtype)
     num_q_tiles = triton.cdiv(max_query_len, block_q)
 
-    min_split_tiles = 1 if num_splits is not None else _MIN_SPLIT_TILES
     if num_splits is None:
         plan_len = max(max_seq_len, _planned_seq_len.get(query.device.index, 0))
         num_splits = (_choose_splits(num_seqs * num_kv_heads, block_m, plan_len, query.device)
                       if num_q_tiles == 1 else 1)
-    part_acc = part_max = part_sum = arrivals = out  # placeholders, unused when unsplit
+    part_acc = part_max = part_sum = out  # placeholders, unused when unsplit
     if num_splits > 1:
         rows = num_seqs * max_query_len * num_q_heads * num_splits
         ws = _workspace(rows * (head_pad + 2), query.device)
-        counters = _workspace(num_seqs * num_kv_heads, query.device, "arrivals")
-        if ws is None or counters is None:
+        if ws is None:
             num_splits = 1
         else:
-            arrivals = counters
             part_acc = ws[: rows * head_pad]
             part_max = ws[rows * head_pad: rows * (head_pad + 1)]
             part_sum = ws[rows * (head_pad + 1):]
@@ -307,7 +293,7 @@ def paged_attention_splits(
     big_tile = block_m * head_pad >= 128 * 64
     _attention_tile_kernel[(num_seqs * num_q_tiles, num_kv_heads, num_splits)](
         query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
-        out, part_acc, part_max, part_sum, arrivals,
+        out, part_acc, part_max, part_sum,
         scale * _LOG2E,
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -318,10 +304,17 @@ def paged_attention_splits(
         NUM_Q_HEADS=num_q_heads, CACHE_BLOCK=key_cache.shape[1],
         GROUP=group, GROUP_PAD=group_pad,
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
-        HEAD=head, HEAD_PAD=head_pad, NUM_SPLITS=num_splits, MIN_SPLIT_TILES=min_split_tiles,
+        HEAD=head, HEAD_PAD=head_pad, NUM_SPLITS=num_splits,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=8 if big_tile else 4, num_stages=2,
     )
+    if num_splits > 1:
+        _merge_splits_kernel[(num_seqs * max_query_len, num_q_heads)](
+            part_acc, part_max, part_sum, query_start_loc, out,
+            out.stride(0), out.stride(1), max_query_len,
+            NUM_Q_HEADS=num_q_heads, HEAD=head, HEAD_PAD=head_pad, NUM_SPLITS=num_splits,
+            num_warps=4,
+        )
     return out
 
 
@@ -341,7 +334,7 @@ def reserve_workspace(max_num_seqs: int, query_lens: tuple[int, ...], num_q_head
     _planned_seq_len[index] = max(_planned_seq_len.get(index, 0), max_seq_len)
     head_pad = max(16, triton.next_power_of_2(head_size))
     group = num_q_heads // num_kv_heads
-    largest = most_seqs = 0
+    largest = 0
     for query_len in query_lens:
         _, _, block_m, _ = _tile_shape(query_len, group, head_pad, dtype)
         for num_seqs in range(1, max_num_seqs + 1):
@@ -349,7 +342,5 @@ def reserve_workspace(max_num_seqs: int, query_lens: tuple[int, ...], num_q_head
             if splits == 1:
                 break  # more requests never split again
             largest = max(largest, num_seqs * query_len * num_q_heads * splits)
-            most_seqs = max(most_seqs, num_seqs)
     if largest:
         _workspace(largest * (head_pad + 2), device)
-        _workspace(most_seqs * num_kv_heads, device, "arrivals")
