@@ -3,6 +3,8 @@
 # scripts/devkit_resplit.py and scripts/stage_smollm2.py). Long jobs run detached (setsid) so
 # they outlive the 10-minute limit of one device call; later calls wait on them and copy their
 # results to $OUT.
+# While a job runs, keep the local working tree unchanged: each device call copies it again,
+# and an engine that starts during the copy can fail to import the plugin (seen 2026-11-22).
 #
 #   bash scripts/device_session.sh setup                 # install the plugin (builds csrc/)
 #   bash scripts/device_session.sh kernels               # GPU kernel tests (tests/ops, -m gpu)
