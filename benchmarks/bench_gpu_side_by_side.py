@@ -85,6 +85,8 @@ def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> 
               **workload["engine"]}
     if spec is not None:
         engine["speculative_config"] = spec
+    if args.jit_verbose:
+        engine["jit_monitor_verbose"] = True  # log every Triton compile, not one per kernel
     job = {"backend": backend, "model": target, "engine": engine, "max_tokens": args.max_tokens,
            "batches": args.batches, "repeats": args.repeats, "warmups": args.warmups}
     job.update({k: v for k, v in workload.items() if k in ("prompts", "prompt_token_ids")})
@@ -153,6 +155,9 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmups", type=int, default=2)
+    parser.add_argument("--jit-verbose", action="store_true",
+                        help="log every kernel compile during inference (JSON: jit_events, "
+                             "run_clock_windows) to tell a slow timed run's cause")
     args = parser.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     out = Path(args.out)

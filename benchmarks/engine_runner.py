@@ -88,18 +88,20 @@ def run_job(job: dict) -> dict:
         for _ in range(job.get("warmups", 2)):
             llm.generate(requests, params, use_tqdm=False)
         before = _spec_counters(llm)
-        walls, tokens = [], None
+        walls, windows, tokens = [], [], None
         for _ in range(job.get("repeats", 3)):
+            start_clock = time.strftime("%H:%M:%S")  # to place the engine's log lines (JIT)
             t0 = time.perf_counter()
             outputs = llm.generate(requests, params, use_tqdm=False)
             walls.append(time.perf_counter() - t0)
+            windows.append([start_clock, time.strftime("%H:%M:%S")])
             if tokens is None:
                 tokens = [list(o.outputs[0].token_ids) for o in outputs]
         counters = _delta(_spec_counters(llm), before)
         wall = statistics.median(walls)
         generated = sum(len(t) for t in tokens)
         entry = {
-            "wall_s": wall, "walls_s": walls,
+            "wall_s": wall, "walls_s": walls, "run_clock_windows": windows,
             "ms_per_token": 1000.0 * wall / (generated / batch),
             "tokens_per_s": generated / wall,
             "spec": counters,
@@ -128,9 +130,13 @@ def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None =
             log.write(proc.stdout[-20000:] + proc.stderr[-20000:])
     # vLLM's capture progress bars name each graph set, e.g. "Capturing CUDA graphs (decode, FULL)".
     captured = sorted(set(re.findall(r"Capturing CUDA graphs \(([^)]*)\)", proc.stderr)))
+    # vLLM's JIT monitor (every compile with jit_monitor_verbose): when, and which kernel.
+    jit = [{"clock": clock, "kernel": kernel} for clock, kernel in re.findall(
+        r"(\d\d:\d\d:\d\d) \[jit_monitor\.py:\d+\] .*? during inference: ([^\s.(]+)",
+        proc.stderr)]
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):]) | {"captured": captured}
+            return json.loads(line[len("RESULT "):]) | {"captured": captured, "jit_events": jit}
     return {"error": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-3000:]}
 
 
