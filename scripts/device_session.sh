@@ -3,8 +3,7 @@
 # scripts/devkit_resplit.py and scripts/stage_smollm2.py). Long jobs run detached (setsid) so
 # they outlive the 10-minute limit of one device call; later calls wait on them and copy their
 # results to $OUT.
-# While a job runs, keep the local working tree unchanged: each device call copies it again,
-# and an engine that starts during the copy can fail to import the plugin (seen 2026-11-22).
+# Every device call copies the working tree again, so `start` runs each job from its own copy.
 #
 #   bash scripts/device_session.sh setup                 # install the plugin (builds csrc/)
 #   bash scripts/device_session.sh kernels               # GPU kernel tests (tests/ops, -m gpu)
@@ -28,10 +27,15 @@ kernels)
     ;;
 start)
     name=$1; shift
-    rm -f "$JOBS/$name".*
+    rm -rf "$JOBS/$name".*
+    # The job runs from its own copy of the tree, first on PYTHONPATH (ahead of the editable
+    # install), so the copy every later device call makes of the working tree cannot pull
+    # files from under an engine that is starting (seen 2026-11-22: ModuleNotFoundError).
+    tree="$JOBS/$name.tree"
+    cp -a . "$tree"
     # The parentheses send every command of CMD (not only the last) to the log.
-    setsid bash -c "( $* ) > $JOBS/$name.log 2>&1; echo \$? > $JOBS/$name.rc" < /dev/null &
-    echo "started $name"
+    setsid bash -c "cd $tree && export PYTHONPATH=$tree:\$PYTHONPATH && ( $* ) > $JOBS/$name.log 2>&1; echo \$? > $JOBS/$name.rc" < /dev/null &
+    echo "started $name (from $tree)"
     ;;
 wait)
     name=$1; limit=$2
