@@ -58,7 +58,8 @@ def _delta(after: dict, before: dict) -> dict:
         "per_position": per_pos}
 
 
-def _requests(job: dict, batch: int) -> list:
+def requests_for(job: dict, batch: int) -> list:
+    """``batch`` requests from the job's prompts (or token-id lists), round-robin."""
     if "prompt_token_ids" in job:
         ids = job["prompt_token_ids"]
         return [{"prompt_token_ids": ids[i % len(ids)]} for i in range(batch)]
@@ -82,7 +83,7 @@ def run_job(job: dict) -> dict:
               "batches": {}}
     params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
     for batch in job["batches"]:
-        requests = _requests(job, batch)
+        requests = requests_for(job, batch)
         # Warm-up with the same shapes as the timed runs. One was not enough on the H100
         # (2026-11-22): our engines' first timed runs were still slower (kernel JIT).
         for _ in range(job.get("warmups", 2)):

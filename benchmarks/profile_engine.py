@@ -37,24 +37,13 @@ def _args():
     p.add_argument("--method", default="eagle")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--k", type=int, default=4)
+    p.add_argument("--acceptance-length", type=float, default=3.0)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--timed", type=int, default=4)
     p.add_argument("--out", required=True)
     p.add_argument("--work", default="/tmp/specdec_bench_models")
     p.add_argument("--engine", default="{}", help="extra LLM(...) arguments as JSON")
     return p.parse_args()
-
-
-def _speculative_config(method: str, paths: dict, k: int) -> dict | None:
-    if method == "none":
-        return None
-    spec = {"method": method, "num_speculative_tokens": k,
-            "rejection_sample_method": "synthetic", "synthetic_acceptance_length": 3.0}
-    if method in ("draft_model", "eagle", "eagle3"):
-        spec["model"] = paths[method]
-    if method == "ngram":
-        spec |= {"prompt_lookup_min": 1, "prompt_lookup_max": 4}
-    return spec
 
 
 def _profiler_summary(prof) -> dict:
@@ -81,20 +70,21 @@ def main() -> None:
     if args.backend == "native":
         os.environ["VLLM_PLUGINS"] = ""
     import torch
-    from gpu_models import repeated_random_prompt, write_configs
+    from bench_gpu_side_by_side import SETUPS
+    from engine_runner import requests_for
     from vllm import LLM, SamplingParams
 
-    paths = write_configs(args.work)
+    # The side-by-side benchmark's model, drafters, speculative configs and prompts.
+    target, specs, workload = SETUPS["llama7b-random"](args)
     engine = {"dtype": "bfloat16", "max_model_len": 1024, "max_num_seqs": max(args.batch, 1),
-              "gpu_memory_utilization": 0.85, "load_format": "dummy", "skip_tokenizer_init": True,
-              "seed": 0, **json.loads(args.engine)}
-    spec = _speculative_config(args.method, paths, args.k)
-    if spec is not None:
-        engine["speculative_config"] = spec
+              "gpu_memory_utilization": 0.85, "seed": 0, **workload["engine"],
+              **json.loads(args.engine)}
+    if specs[args.method] is not None:
+        engine["speculative_config"] = specs[args.method]
     t0 = time.perf_counter()
-    llm = LLM(model=paths["target"], **engine)
+    llm = LLM(model=target, **engine)
     start_s = time.perf_counter() - t0
-    requests = [{"prompt_token_ids": repeated_random_prompt(seed=s)} for s in range(args.batch)]
+    requests = requests_for(workload, args.batch)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     for _ in range(2):
         llm.generate(requests, params, use_tqdm=False)
