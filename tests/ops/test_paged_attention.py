@@ -145,6 +145,8 @@ INTERPRETER_CASES = [
     ([40, 1, 6], [90, 33, 6], 2, 2, 32, 64, None),                 # long chunked prefill, MHA
     ([0, 0, 7], [0, 0, 130], 6, 2, 32, 16, 4),                     # padding first, group of 3
     ([3, 1], [20, 9], 2, 1, 24, 16, 2),                            # head size not a power of 2
+    ([2, 1, 4], [70, 90, 33], 4, 2, 32, 16, 3),                    # a split count not a power of 2
+    ([1, 5], [300, 200], 4, 2, 32, 16, 16),                        # the most splits the merge reads
 ]
 
 
@@ -258,3 +260,38 @@ def test_gpu_cuda_graph_replay():
         assert torch.equal(~torch.isnan(out), written)
         rel = ((out[written].float() - ref[written]).norm() / ref[written].norm()).item()
         assert rel < 1e-2, rel
+
+
+@pytest.mark.gpu
+def test_gpu_serving_mix_compiles_few_variants():
+    """A serving mix (decode and drafting at batch 1-16, verification of 2..1+K tokens, prefills
+    of many lengths, every split count) compiles at most 6 attention variants (query tile 1, 8,
+    largest; split or not) and 1 merge variant. A new variant met mid-serving stalls that step
+    for a compile, which is what this bounds; vLLM's own attention compiles nothing at run time.
+    """
+    kernels = _gpu_kernels()
+    rng = random.Random()
+    device = torch.cuda.current_device()
+    caches = [kernels._attention_tile_kernel.device_caches[device][0],
+              kernels._merge_splits_kernel.device_caches[device][0]]
+    for cache in caches:
+        cache.clear()  # forget what earlier tests compiled (Triton's disk cache makes this cheap)
+
+    def run(case):
+        # An engine's block table has one width; make_case's varies with the lengths, and its
+        # row stride would be specialised (multiple of 16 or not) into extra variants.
+        table = torch.full((case["block_table"].shape[0], 80), -1, dtype=torch.int32,
+                           device="cuda")
+        table[:, : case["block_table"].shape[1]] = case["block_table"]
+        case["block_table"] = table
+        kernels.paged_attention(**case, out=torch.empty_like(case["query"]))
+
+    for batch in (1, 2, 3, 7, 15, 16):
+        for q in (1, 2, 3, 4, 5):
+            seq_lens = [rng.randint(q, 1000) for _ in range(batch)]
+            run(make_case([q] * batch, seq_lens, 32, 8, 128, 16, torch.bfloat16, "cuda"))
+    for q in (9, 16, 17, 100, 192):
+        run(make_case([q, 1], [q, 400], 32, 8, 128, 16, torch.bfloat16, "cuda"))
+    torch.cuda.synchronize()
+    attention, merge = (len(cache) for cache in caches)
+    assert 1 <= attention <= 6 and merge == 1, (attention, merge)

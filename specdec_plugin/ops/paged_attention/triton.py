@@ -16,6 +16,13 @@ applies to multi-token verification tiles, which is where spec decode at small b
 The slice bounds come from ``seq_lens`` on the device, so a launch fixed at graph capture is
 right for any later sequence lengths.
 
+Few compiled variants: a Triton kernel compiles once per set of constexpr values and per
+integer argument that equals 1 or is a multiple of 16, and a compile in the middle of serving
+stalls that step for a second or more. So the split count is a runtime argument (only "split or
+not" is a constexpr), sizes that change from step to step are not specialised, and the query tile
+takes three sizes: 1 (decode, drafting), 8 (verification of up to 1+7 tokens) and the largest
+(prefill). The variants a server needs are then all compiled by its first steps.
+
 Graph safety: nothing here reads device values on the host. The host picks tile sizes from
 ``max_query_len`` and the split count from ``max_seq_len`` / batch size (heuristics only;
 results are exact for any seq_lens). The split workspace is cached per device and never freed
@@ -37,6 +44,8 @@ _LOG2E = 1.4426950408889634
 _MAX_BLOCK_M = 128
 _MAX_SPLITS = 16
 _MIN_KEYS_PER_SPLIT = 64
+# Query tile for 2..8-token queries (1+K verification up to K = 7, short prefills).
+_VERIFY_BLOCK_Q = 8
 # Split until the grid has about this many programs per SM. Measured on an H100 (bf16, head 128,
 # decode and 1+4 verification, batch 1-16, context 512-8k): 16-row tiles gain up to 10% from 4,
 # 32-row tiles lose up to 15% with 4 and do best with 2.
@@ -44,7 +53,8 @@ _PROGRAMS_PER_SM_SMALL_TILE = 4
 _PROGRAMS_PER_SM = 2
 
 
-@triton.jit
+# Sizes that vary from step to step are not specialised (see "Few compiled variants").
+@triton.jit(do_not_specialize=["num_q_tiles", "max_query_len", "num_splits"])
 def _attention_tile_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, query_start_loc_ptr, seq_lens_ptr,
     out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
@@ -54,13 +64,13 @@ def _attention_tile_kernel(
     stride_vb, stride_vs, stride_vh,
     stride_bt,
     stride_ot, stride_oh,
-    num_q_tiles, max_query_len,
+    num_q_tiles, max_query_len, num_splits,
     NUM_Q_HEADS: tl.constexpr,
     CACHE_BLOCK: tl.constexpr,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    SPLIT_KV: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -94,13 +104,13 @@ def _attention_tile_kernel(
     q_pos = context_len + q_tok
     kv_end = context_len + tl.minimum(q_len, tile_q0 + BLOCK_Q)
 
-    if NUM_SPLITS == 1:
-        kv_lo = 0
-        kv_hi = kv_end
-    else:
-        tiles_per_split = ((kv_end + BLOCK_N - 1) // BLOCK_N + NUM_SPLITS - 1) // NUM_SPLITS
+    if SPLIT_KV:
+        tiles_per_split = ((kv_end + BLOCK_N - 1) // BLOCK_N + num_splits - 1) // num_splits
         kv_lo = split * tiles_per_split * BLOCK_N
         kv_hi = tl.minimum(kv_end, kv_lo + tiles_per_split * BLOCK_N)
+    else:
+        kv_lo = 0
+        kv_hi = kv_end
 
     m_i = tl.full([BLOCK_M], _M_INIT, dtype=tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, dtype=tl.float32)
@@ -136,7 +146,7 @@ def _attention_tile_kernel(
         m_i = m_new
 
     q_head_valid = row_valid[:, None] & dim_valid[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT_KV:
         out = acc / l_i[:, None]
         tl.store(
             out_ptr + token[:, None] * stride_ot + q_head[:, None] * stride_oh + dims[None, :],
@@ -148,19 +158,19 @@ def _attention_tile_kernel(
         # (caller error) must not write past it.
         part_valid = row_valid & (q_tok < max_query_len)
         prow = ((seq * max_query_len + q_tok) * NUM_Q_HEADS + q_head).to(tl.int64)
-        prow = prow * NUM_SPLITS + split
+        prow = prow * num_splits + split
         tl.store(part_acc_ptr + prow[:, None] * HEAD_PAD + dims[None, :], acc,
                  mask=part_valid[:, None] & dim_valid[None, :])
         tl.store(part_max_ptr + prow, m_i, mask=part_valid)
         tl.store(part_sum_ptr + prow, l_i, mask=part_valid)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["max_query_len", "num_splits"])
 def _merge_splits_kernel(
     part_acc_ptr, part_max_ptr, part_sum_ptr, query_start_loc_ptr, out_ptr,
-    stride_ot, stride_oh, max_query_len,
+    stride_ot, stride_oh, max_query_len, num_splits,
     NUM_Q_HEADS: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     seq = pid // max_query_len
@@ -171,13 +181,16 @@ def _merge_splits_kernel(
     if j >= q_len:
         return
 
-    splits = tl.arange(0, NUM_SPLITS)
+    splits = tl.arange(0, MAX_SPLITS)
+    live = splits < num_splits
     dims = tl.arange(0, HEAD_PAD)
-    prow = ((seq * max_query_len + j) * NUM_Q_HEADS + q_head).to(tl.int64) * NUM_SPLITS + splits
-    m = tl.load(part_max_ptr + prow)
-    l = tl.load(part_sum_ptr + prow)
-    acc = tl.load(part_acc_ptr + prow[:, None] * HEAD_PAD + dims[None, :])
-    # Empty splits carry m = -1e30, l = 0, acc = 0, so their weight underflows to 0.
+    prow = ((seq * max_query_len + j) * NUM_Q_HEADS + q_head).to(tl.int64) * num_splits + splits
+    m = tl.load(part_max_ptr + prow, mask=live, other=_M_INIT)
+    l = tl.load(part_sum_ptr + prow, mask=live, other=0.0)
+    acc = tl.load(part_acc_ptr + prow[:, None] * HEAD_PAD + dims[None, :], mask=live[:, None],
+                  other=0.0)
+    # Empty splits (and the masked rows past num_splits) carry m = -1e30, l = 0, acc = 0, so
+    # their weight underflows to 0.
     weight = tl.math.exp2(m - tl.max(m, axis=0))
     out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
     token = (q_start + j).to(tl.int64)
@@ -219,7 +232,14 @@ def _sm_count(device_index: int) -> int:
 
 def _tile_shape(max_query_len: int, group: int, head_pad: int, dtype: torch.dtype):
     group_pad = triton.next_power_of_2(group)
-    block_q = min(triton.next_power_of_2(max_query_len), max(1, _MAX_BLOCK_M // group_pad))
+    largest_q = max(1, _MAX_BLOCK_M // group_pad)
+    # Three query tiles only (see "Few compiled variants"): 1, a verification tile, the largest.
+    if max_query_len == 1:
+        block_q = 1
+    elif max_query_len <= _VERIFY_BLOCK_Q:
+        block_q = min(_VERIFY_BLOCK_Q, largest_q)
+    else:
+        block_q = largest_q
     block_m = max(16, block_q * group_pad)
     # Keep the [BLOCK_N, HEAD] K and V tiles and the [BLOCK_M, BLOCK_N] scores in registers.
     block_n = 64 if head_pad <= 128 and dtype != torch.float32 else 32
@@ -279,6 +299,7 @@ def paged_attention_splits(
         plan_len = max(max_seq_len, _planned_seq_len.get(query.device.index, 0))
         num_splits = (_choose_splits(num_seqs * num_kv_heads, block_m, plan_len, query.device)
                       if num_q_tiles == 1 else 1)
+    assert 1 <= num_splits <= _MAX_SPLITS, f"num_splits must be 1..{_MAX_SPLITS}"
     part_acc = part_max = part_sum = out  # placeholders, unused when unsplit
     if num_splits > 1:
         rows = num_seqs * max_query_len * num_q_heads * num_splits
@@ -300,19 +321,19 @@ def paged_attention_splits(
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_table.stride(0),
         out.stride(0), out.stride(1),
-        num_q_tiles, max_query_len,
+        num_q_tiles, max_query_len, num_splits,
         NUM_Q_HEADS=num_q_heads, CACHE_BLOCK=key_cache.shape[1],
         GROUP=group, GROUP_PAD=group_pad,
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
-        HEAD=head, HEAD_PAD=head_pad, NUM_SPLITS=num_splits,
+        HEAD=head, HEAD_PAD=head_pad, SPLIT_KV=num_splits > 1,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=8 if big_tile else 4, num_stages=2,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_seqs * max_query_len, num_q_heads)](
             part_acc, part_max, part_sum, query_start_loc, out,
-            out.stride(0), out.stride(1), max_query_len,
-            NUM_Q_HEADS=num_q_heads, HEAD=head, HEAD_PAD=head_pad, NUM_SPLITS=num_splits,
+            out.stride(0), out.stride(1), max_query_len, num_splits,
+            NUM_Q_HEADS=num_q_heads, HEAD=head, HEAD_PAD=head_pad, MAX_SPLITS=_MAX_SPLITS,
             num_warps=4,
         )
     return out

@@ -215,7 +215,7 @@ def sample_recovered_tokens(
     return recovered_token_ids
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_out"])  # a token count: no compile per value class
 def _expand_kernel(
     out_ptr, x_ptr, cu_ptr, replace_from, replace_to, num_out, BLOCK: tl.constexpr,
 ):

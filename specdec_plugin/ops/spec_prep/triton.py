@@ -2,7 +2,9 @@
 
 Per-request ops run one program per request that walks its tokens in ``BLOCK``-wide tiles (the
 per-request token count is only known on the device); per-batch ops run one program per
-``BLOCK`` requests.
+``BLOCK`` requests. Counts that change from step to step (requests, tokens) are not specialised:
+Triton would compile a new variant when one of them first equals 1 or a multiple of 16, and a
+compile in the middle of serving stalls that step.
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ def compute_slot_mapping(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch_size", "input_batch_size"])
 def _eagle_step_kernel(
     pos_ptr, bt_ptr, bt_stride, bt_width, seq_lens_ptr, out_pos_ptr, out_slot_ptr,
     block_size, max_model_len, batch_size, input_batch_size, pad_id, BLOCK: tl.constexpr,
@@ -94,7 +96,7 @@ def eagle_step_slot_mapping_metadata(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_reqs"])
 def _prepare_inputs_padded_kernel(
     cu_ptr, valid_count_ptr, qsl_ptr, out_index_ptr, out_rejected_ptr, num_reqs,
     BLOCK: tl.constexpr,
@@ -156,7 +158,7 @@ def eagle_prepare_next_token_padded(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["total_input_tokens"])
 def _eagle_expand_kernel(
     tok_ptr, tpos_ptr, next_ptr, out_ids_ptr, out_pos_ptr, out_rej_ptr, out_masked_ptr,
     out_new_ptr, out_hidden_ptr, qsl_ptr, qend_ptr, padding_token_id, parallel_token_id,
