@@ -132,9 +132,10 @@ def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None =
     # vLLM's capture progress bars name each graph set, e.g. "Capturing CUDA graphs (decode, FULL)".
     captured = sorted(set(re.findall(r"Capturing CUDA graphs \(([^)]*)\)", proc.stderr)))
     # vLLM's JIT monitor (every compile with jit_monitor_verbose): when, and which kernel.
+    # vLLM logs to stdout (the capture bars above are tqdm, on stderr).
     jit = [{"clock": clock, "kernel": kernel} for clock, kernel in re.findall(
         r"(\d\d:\d\d:\d\d) \[jit_monitor\.py:\d+\] .*? during inference: ([^\s.(]+)",
-        proc.stderr)]
+        proc.stdout + proc.stderr)]
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):]) | {"captured": captured, "jit_events": jit}

@@ -23,6 +23,9 @@ class SpecDecAttentionMetadata:
     seq_lens: torch.Tensor  # [num_seqs] int32, cached tokens after this step
     block_table: torch.Tensor  # [num_seqs, max_blocks] int32
     slot_mapping: torch.Tensor  # [num_tokens] int64, -1 for padding
+    # A drafter's step: vLLM runs drafter attention eagerly (outside CUDA graphs) in a loop
+    # bound by host launch cost, so the kernel should launch as little as it can.
+    drafting: bool = False
 
 
 class SpecDecAttentionMetadataBuilder(AttentionMetadataBuilder[SpecDecAttentionMetadata]):
@@ -68,6 +71,13 @@ class SpecDecAttentionMetadataBuilder(AttentionMetadataBuilder[SpecDecAttentionM
             block_table=cad.block_table_tensor,
             slot_mapping=cad.slot_mapping,
         )
+
+    def build_for_drafting(self, common_attn_metadata: CommonAttentionMetadata,
+                           draft_index: int) -> SpecDecAttentionMetadata:
+        # Every drafter step (EAGLE, EAGLE-3, MTP, draft model) builds its metadata here.
+        metadata = self.build(0, common_attn_metadata)
+        metadata.drafting = True
+        return metadata
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata):
         metadata = self.build(0, common_attn_metadata)

@@ -44,7 +44,10 @@ def nan_empty(monkeypatch):
 
 
 def tol(dtype):
-    return {"float32": dict(rtol=1e-5, atol=1e-5), "float16": dict(rtol=1e-3, atol=1e-3),
+    # Half precision: two units in the last place (2^-9 for fp16, 2^-6 for bf16, relative), since
+    # fp32 results that differ only in summation order or rsqrt rounding can round to outputs two
+    # ulps apart (seen on the H100: fp16 rms_norm, 1 element of 2M, 0.0039 at 2.5).
+    return {"float32": dict(rtol=1e-5, atol=1e-5), "float16": dict(rtol=2e-3, atol=1e-3),
             "bfloat16": dict(rtol=1.6e-2, atol=1e-2)}[str(dtype).split(".")[-1]]
 
 

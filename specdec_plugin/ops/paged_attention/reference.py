@@ -32,8 +32,12 @@ def paged_attention(
     out: torch.Tensor,
     max_query_len: int,
     max_seq_len: int,
+    host_bound: bool = False,
 ) -> torch.Tensor:
-    """Write attention for every real query row into ``out`` (same shape as ``query``)."""
+    """Write attention for every real query row into ``out`` (same shape as ``query``).
+
+    ``host_bound`` is a launch hint for the Triton kernel (see there); the result is the same.
+    """
     num_seqs = seq_lens.shape[0]
     if num_seqs == 0 or max_query_len == 0 or max_seq_len == 0:
         return out

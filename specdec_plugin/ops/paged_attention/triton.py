@@ -32,6 +32,7 @@ being captured a workspace that is too small is not grown: that launch runs unsp
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -44,6 +45,9 @@ _LOG2E = 1.4426950408889634
 _MAX_BLOCK_M = 128
 _MAX_SPLITS = 16
 _MIN_KEYS_PER_SPLIT = 64
+# Host-bound callers (see ``paged_attention``): the merge launch costs more host time than an
+# unsplit kernel loses on the GPU until a program has several thousand keys to read.
+_MIN_KEYS_PER_SPLIT_HOST_BOUND = 1024
 # Query tile for 2..8-token queries (1+K verification up to K = 7, short prefills).
 _VERIFY_BLOCK_Q = 8
 # Split until the grid has about this many programs per SM. Measured on an H100 (bf16, head 128,
@@ -209,6 +213,8 @@ _workspaces: dict[torch.device, torch.Tensor] = {}
 # greedy output then does not flip on near-ties between those two paths.
 _planned_seq_len: dict[int | None, int] = {}
 _retired_workspaces: list[torch.Tensor] = []  # kept alive: captured graphs may point at them
+# (device, rows, head_pad) -> (the workspace the views were cut from, (acc, max, sum) views).
+_split_views: dict[tuple, tuple[torch.Tensor, tuple]] = {}
 
 
 def _workspace(numel: int, device: torch.device) -> torch.Tensor | None:
@@ -246,18 +252,63 @@ def _tile_shape(max_query_len: int, group: int, head_pad: int, dtype: torch.dtyp
     return group_pad, block_q, block_m, block_n
 
 
-def _choose_splits(base_programs: int, block_m: int, max_seq_len: int,
-                   device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
+def _choose_splits(base_programs: int, block_m: int, max_seq_len: int, device_index: int,
+                   min_keys_per_split: int = _MIN_KEYS_PER_SPLIT) -> int:
     per_sm = _PROGRAMS_PER_SM_SMALL_TILE if block_m <= 16 else _PROGRAMS_PER_SM
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    target = per_sm * _sm_count(index)
+    target = per_sm * _sm_count(device_index)
     splits = 1
     while (splits < _MAX_SPLITS and base_programs * splits * 2 <= target
-           and max_seq_len >= 2 * splits * _MIN_KEYS_PER_SPLIT):
+           and max_seq_len >= 2 * splits * min_keys_per_split):
         splits *= 2
     return splits
+
+
+class _Plan(NamedTuple):
+    group: int
+    group_pad: int
+    block_q: int
+    block_m: int
+    block_n: int
+    head_pad: int
+    num_q_tiles: int
+    num_splits: int
+    num_warps: int
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch_plan(num_seqs: int, max_query_len: int, num_q_heads: int, num_kv_heads: int,
+                 head: int, dtype: torch.dtype, device_index: int | None, plan_len: int,
+                 min_keys_per_split: int, num_splits: int | None) -> _Plan:
+    """Everything the host decides for one launch shape (cached: an eager step re-asks for the
+    same few shapes in every layer, and this is host time on the critical path)."""
+    group = num_q_heads // num_kv_heads
+    head_pad = max(16, triton.next_power_of_2(head))
+    group_pad, block_q, block_m, block_n = _tile_shape(max_query_len, group, head_pad, dtype)
+    num_q_tiles = triton.cdiv(max_query_len, block_q)
+    if num_splits is None:
+        num_splits = 1
+        if device_index is not None and num_q_tiles == 1:
+            num_splits = _choose_splits(num_seqs * num_kv_heads, block_m, plan_len,
+                                        device_index, min_keys_per_split)
+    big_tile = block_m * head_pad >= 128 * 64
+    return _Plan(group, group_pad, block_q, block_m, block_n, head_pad, num_q_tiles, num_splits,
+                 8 if big_tile else 4)
+
+
+def _split_buffers(rows: int, head_pad: int, device: torch.device):
+    """(acc, max, sum) views of the workspace for ``rows`` partial rows, or None (see
+    ``_workspace``). The views are cached until the workspace is replaced."""
+    ws = _workspace(rows * (head_pad + 2), device)
+    if ws is None:
+        return None
+    key = (device, rows, head_pad)
+    cached = _split_views.get(key)
+    if cached is not None and cached[0] is _workspaces[device]:
+        return cached[1]
+    views = (ws[: rows * head_pad], ws[rows * head_pad: rows * (head_pad + 1)],
+             ws[rows * (head_pad + 1):])
+    _split_views[key] = (_workspaces[device], views)
+    return views
 
 
 def paged_attention(
@@ -271,15 +322,23 @@ def paged_attention(
     out: torch.Tensor,
     max_query_len: int,
     max_seq_len: int,
+    host_bound: bool = False,
 ) -> torch.Tensor:
-    """Write attention for every real query row into ``out`` (same shape as ``query``)."""
+    """Write attention for every real query row into ``out`` (same shape as ``query``).
+
+    ``host_bound``: the caller launches eagerly in a loop whose speed is set by host launch
+    cost (a drafter's steps: vLLM runs drafter attention outside CUDA graphs), and its results
+    need not match a captured graph's summation order. The KV is then split (a second, merge
+    launch) only for long contexts, planned from this step's real ``max_seq_len``.
+    """
     return paged_attention_splits(query, key_cache, value_cache, block_table, query_start_loc,
-                                  seq_lens, scale, out, max_query_len, max_seq_len, None)
+                                  seq_lens, scale, out, max_query_len, max_seq_len, None,
+                                  host_bound)
 
 
 def paged_attention_splits(
     query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale, out,
-    max_query_len: int, max_seq_len: int, num_splits: int | None,
+    max_query_len: int, max_seq_len: int, num_splits: int | None, host_bound: bool = False,
 ) -> torch.Tensor:
     """``paged_attention`` with the KV split count forced (``None``: heuristic). For tests."""
     num_seqs = seq_lens.shape[0]
@@ -290,29 +349,29 @@ def paged_attention_splits(
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of kv heads"
     assert query.stride(2) == 1 and out.stride(2) == 1
     assert key_cache.stride(3) == 1 and value_cache.stride(3) == 1
-    group = num_q_heads // num_kv_heads
-    head_pad = max(16, triton.next_power_of_2(head))
-    group_pad, block_q, block_m, block_n = _tile_shape(max_query_len, group, head_pad, query.dtype)
-    num_q_tiles = triton.cdiv(max_query_len, block_q)
-
-    if num_splits is None:
-        plan_len = max(max_seq_len, _planned_seq_len.get(query.device.index, 0))
-        num_splits = (_choose_splits(num_seqs * num_kv_heads, block_m, plan_len, query.device)
-                      if num_q_tiles == 1 else 1)
-    assert 1 <= num_splits <= _MAX_SPLITS, f"num_splits must be 1..{_MAX_SPLITS}"
+    device = query.device
+    device_index = None
+    if device.type == "cuda":
+        device_index = device.index if device.index is not None else torch.cuda.current_device()
+    if host_bound:
+        # Round up so that a growing context asks for few distinct plans.
+        plan_len, min_keys = triton.next_power_of_2(max_seq_len), _MIN_KEYS_PER_SPLIT_HOST_BOUND
+    else:
+        plan_len, min_keys = max(max_seq_len, _planned_seq_len.get(device_index, 0)), _MIN_KEYS_PER_SPLIT
+    plan = _launch_plan(num_seqs, max_query_len, num_q_heads, num_kv_heads, head, query.dtype,
+                        device_index, plan_len, min_keys, num_splits)
+    assert 1 <= plan.num_splits <= _MAX_SPLITS, f"num_splits must be 1..{_MAX_SPLITS}"
+    num_splits = plan.num_splits
     part_acc = part_max = part_sum = out  # placeholders, unused when unsplit
     if num_splits > 1:
-        rows = num_seqs * max_query_len * num_q_heads * num_splits
-        ws = _workspace(rows * (head_pad + 2), query.device)
-        if ws is None:
+        buffers = _split_buffers(num_seqs * max_query_len * num_q_heads * num_splits,
+                                 plan.head_pad, device)
+        if buffers is None:
             num_splits = 1
         else:
-            part_acc = ws[: rows * head_pad]
-            part_max = ws[rows * head_pad: rows * (head_pad + 1)]
-            part_sum = ws[rows * (head_pad + 1):]
+            part_acc, part_max, part_sum = buffers
 
-    big_tile = block_m * head_pad >= 128 * 64
-    _attention_tile_kernel[(num_seqs * num_q_tiles, num_kv_heads, num_splits)](
+    _attention_tile_kernel[(num_seqs * plan.num_q_tiles, num_kv_heads, num_splits)](
         query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
         out, part_acc, part_max, part_sum,
         scale * _LOG2E,
@@ -321,19 +380,19 @@ def paged_attention_splits(
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_table.stride(0),
         out.stride(0), out.stride(1),
-        num_q_tiles, max_query_len, num_splits,
+        plan.num_q_tiles, max_query_len, num_splits,
         NUM_Q_HEADS=num_q_heads, CACHE_BLOCK=key_cache.shape[1],
-        GROUP=group, GROUP_PAD=group_pad,
-        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
-        HEAD=head, HEAD_PAD=head_pad, SPLIT_KV=num_splits > 1,
+        GROUP=plan.group, GROUP_PAD=plan.group_pad,
+        BLOCK_Q=plan.block_q, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+        HEAD=head, HEAD_PAD=plan.head_pad, SPLIT_KV=num_splits > 1,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=8 if big_tile else 4, num_stages=2,
+        num_warps=plan.num_warps, num_stages=2,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_seqs * max_query_len, num_q_heads)](
             part_acc, part_max, part_sum, query_start_loc, out,
             out.stride(0), out.stride(1), max_query_len, num_splits,
-            NUM_Q_HEADS=num_q_heads, HEAD=head, HEAD_PAD=head_pad, MAX_SPLITS=_MAX_SPLITS,
+            NUM_Q_HEADS=num_q_heads, HEAD=head, HEAD_PAD=plan.head_pad, MAX_SPLITS=_MAX_SPLITS,
             num_warps=4,
         )
     return out
@@ -359,7 +418,7 @@ def reserve_workspace(max_num_seqs: int, query_lens: tuple[int, ...], num_q_head
     for query_len in query_lens:
         _, _, block_m, _ = _tile_shape(query_len, group, head_pad, dtype)
         for num_seqs in range(1, max_num_seqs + 1):
-            splits = _choose_splits(num_seqs * num_kv_heads, block_m, max_seq_len, device)
+            splits = _choose_splits(num_seqs * num_kv_heads, block_m, max_seq_len, index)
             if splits == 1:
                 break  # more requests never split again
             largest = max(largest, num_seqs * query_len * num_q_heads * splits)
