@@ -90,6 +90,8 @@ def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> 
     job = {"backend": backend, "model": target, "engine": engine, "max_tokens": args.max_tokens,
            "batches": args.batches, "repeats": args.repeats, "warmups": args.warmups}
     job.update({k: v for k, v in workload.items() if k in ("prompts", "prompt_token_ids")})
+    if backend == "native" and args.native_runner == "v1":
+        job["env"] = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
     return job
 
 
@@ -155,6 +157,11 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmups", type=int, default=2)
+    parser.add_argument("--native-runner", choices=("default", "v1"), default="default",
+                        help="native's model runner: vLLM's default (V2 for plain and EAGLE "
+                             "decoding in 0.26, drafter in full graphs) or V1, the runner our "
+                             "platform uses (drafter in piecewise graphs): v1 compares kernels "
+                             "and launches on the same runner")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "
                              "run_clock_windows) to tell a slow timed run's cause")
@@ -167,6 +174,7 @@ def main() -> None:
     report = {"model": args.model, "k": args.k, "batches": args.batches,
               "max_tokens": args.max_tokens, "repeats": args.repeats,
               "acceptance_length_setting": args.acceptance_length if args.model == "llama7b-random" else None,
+              "native_runner": args.native_runner,
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "engines": {}, "rows": []}
     log = str(out / "engines.log")
     for method in args.methods.split(","):

@@ -15,6 +15,8 @@ A job is a dict:
     repeats      timed runs per batch (median reported)
     warmups      untimed runs before them (default 2)
     tokens       true: also return the generated token ids of the first timed run
+    env          extra environment variables for the engine's process (e.g. the native
+                 backend's model runner: ``{"VLLM_USE_V2_MODEL_RUNNER": "0"}``)
 
 Output: ``RESULT {...}`` with, per batch size, the median wall time, ms/token (wall time over
 the tokens one request receives: the latency a user sees per token), tokens/s (all requests),
@@ -123,6 +125,7 @@ def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None =
         env["VLLM_PLUGINS"] = ""
     else:
         env.pop("VLLM_PLUGINS", None)
+    env.update(job.get("env", {}))
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), json.dumps(job)], env=env,
                           capture_output=True, text=True, timeout=timeout_s)
     if log_path:
