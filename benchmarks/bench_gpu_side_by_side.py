@@ -79,6 +79,13 @@ def _padded_setup(args) -> tuple[str, dict, dict]:
 SETUPS = {"llama7b-random": _llama7b_setup, "smollm2-padded": _padded_setup}
 
 
+def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments every entry of SETUPS reads (also used by profile_engine.py)."""
+    parser.add_argument("--work", default="/tmp/specdec_bench_models")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--acceptance-length", type=float, default=3.0)
+
+
 def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> dict:
     engine = {"dtype": "bfloat16", "max_model_len": args.max_model_len,
               "max_num_seqs": max(args.batches), "gpu_memory_utilization": 0.85,
@@ -146,13 +153,11 @@ def _chart(rows: list[dict], path: Path, title: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--work", default="/tmp/specdec_bench_models")
+    add_setup_arguments(parser)
     parser.add_argument("--model", choices=sorted(SETUPS), default="llama7b-random")
     parser.add_argument("--small-target", help="SmolLM2 checkpoint directory (smollm2-padded)")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--batches", default="1,16")
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--acceptance-length", type=float, default=3.0)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)

@@ -32,16 +32,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def _args():
+    from bench_gpu_side_by_side import add_setup_arguments
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_setup_arguments(p)  # --work, --k, --acceptance-length: what the model setup reads
     p.add_argument("--backend", choices=("ours", "native"), default="ours")
     p.add_argument("--method", default="eagle")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--k", type=int, default=4)
-    p.add_argument("--acceptance-length", type=float, default=3.0)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--timed", type=int, default=4)
     p.add_argument("--out", required=True)
-    p.add_argument("--work", default="/tmp/specdec_bench_models")
     p.add_argument("--engine", default="{}", help="extra LLM(...) arguments as JSON")
     return p.parse_args()
 

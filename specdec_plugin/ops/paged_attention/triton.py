@@ -231,6 +231,13 @@ def _workspace(numel: int, device: torch.device) -> torch.Tensor | None:
     return ws[:numel]
 
 
+def _device_index(device: torch.device) -> int | None:
+    """The CUDA device ordinal of ``device`` (None off CUDA: no split planning there)."""
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -298,13 +305,13 @@ def _launch_plan(num_seqs: int, max_query_len: int, num_q_heads: int, num_kv_hea
 def _split_buffers(rows: int, head_pad: int, device: torch.device):
     """(acc, max, sum) views of the workspace for ``rows`` partial rows, or None (see
     ``_workspace``). The views are cached until the workspace is replaced."""
+    key = (device, rows, head_pad)
+    cached = _split_views.get(key)
+    if cached is not None and cached[0] is _workspaces.get(device):
+        return cached[1]
     ws = _workspace(rows * (head_pad + 2), device)
     if ws is None:
         return None
-    key = (device, rows, head_pad)
-    cached = _split_views.get(key)
-    if cached is not None and cached[0] is _workspaces[device]:
-        return cached[1]
     views = (ws[: rows * head_pad], ws[rows * head_pad: rows * (head_pad + 1)],
              ws[rows * (head_pad + 1):])
     _split_views[key] = (_workspaces[device], views)
@@ -350,14 +357,13 @@ def paged_attention_splits(
     assert query.stride(2) == 1 and out.stride(2) == 1
     assert key_cache.stride(3) == 1 and value_cache.stride(3) == 1
     device = query.device
-    device_index = None
-    if device.type == "cuda":
-        device_index = device.index if device.index is not None else torch.cuda.current_device()
+    device_index = _device_index(device)
     if host_bound:
         # Round up so that a growing context asks for few distinct plans.
         plan_len, min_keys = triton.next_power_of_2(max_seq_len), _MIN_KEYS_PER_SPLIT_HOST_BOUND
     else:
-        plan_len, min_keys = max(max_seq_len, _planned_seq_len.get(device_index, 0)), _MIN_KEYS_PER_SPLIT
+        plan_len = max(max_seq_len, _planned_seq_len.get(device_index, 0))
+        min_keys = _MIN_KEYS_PER_SPLIT
     plan = _launch_plan(num_seqs, max_query_len, num_q_heads, num_kv_heads, head, query.dtype,
                         device_index, plan_len, min_keys, num_splits)
     assert 1 <= plan.num_splits <= _MAX_SPLITS, f"num_splits must be 1..{_MAX_SPLITS}"
@@ -408,9 +414,9 @@ def reserve_workspace(max_num_seqs: int, query_lens: tuple[int, ...], num_q_head
     will see: every batch of up to ``max_num_seqs`` requests at each query length in
     ``query_lens`` (1 for decode and drafting, 1+K for verification).
     """
-    if device.type != "cuda":
+    index = _device_index(device)
+    if index is None:
         return
-    index = device.index if device.index is not None else torch.cuda.current_device()
     _planned_seq_len[index] = max(_planned_seq_len.get(index, 0), max_seq_len)
     head_pad = max(16, triton.next_power_of_2(head_size))
     group = num_q_heads // num_kv_heads
