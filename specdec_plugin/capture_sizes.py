@@ -21,7 +21,7 @@ import contextlib
 import contextvars
 from typing import TYPE_CHECKING
 
-from vllm.logger import init_logger
+from specdec_plugin.log import init_logger
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

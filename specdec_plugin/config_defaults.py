@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from vllm.logger import init_logger
+from specdec_plugin.log import init_logger
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -92,7 +92,7 @@ class SpecDecPlatform(Platform):
             try:
                 importlib.import_module(module)
             except ImportError as error:
-                from vllm.logger import init_logger
+                from specdec_plugin.log import init_logger
 
                 init_logger(__name__).warning("specdec_plugin: could not import %s (%r)", module, error)
 

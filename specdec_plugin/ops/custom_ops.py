@@ -26,7 +26,7 @@ import importlib
 from typing import Iterator, Sequence
 
 import torch
-from vllm.logger import init_logger
+from specdec_plugin.log import init_logger
 
 from specdec_plugin.ops.registry import get_kernel
 

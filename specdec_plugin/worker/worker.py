@@ -6,7 +6,7 @@ import gc
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
-from vllm.logger import init_logger
+from specdec_plugin.log import init_logger
 from vllm.platforms import current_platform
 from vllm.utils.mem_utils import MemorySnapshot, format_gib
 from vllm.utils.torch_utils import set_random_seed
