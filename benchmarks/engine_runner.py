@@ -139,9 +139,15 @@ def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None =
     jit = [{"clock": clock, "kernel": kernel} for clock, kernel in re.findall(
         r"(\d\d:\d\d:\d\d) \[jit_monitor\.py:\d+\] .*? during inference: ([^\s.(]+)",
         proc.stdout + proc.stderr)]
+    # Our drafter graphs (specdec_plugin/spec_decode/drafter_graphs.py): recorded, and failed.
+    drafter_graphs = {
+        "recorded": len(re.findall(r"drafter graph recorded", proc.stdout + proc.stderr)),
+        "failed": len(re.findall(r"drafter graph for key .* not recorded", proc.stdout + proc.stderr)),
+    }
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):]) | {"captured": captured, "jit_events": jit}
+            return json.loads(line[len("RESULT "):]) | {
+                "captured": captured, "jit_events": jit, "drafter_graphs": drafter_graphs}
     return {"error": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-3000:]}
 
 

@@ -6,6 +6,9 @@
 - ``SPECDEC_CPU_KV_CACHE_GIB``: KV-cache budget on CPU (default 2 GiB), unless the user passes
   vLLM's ``kv_cache_memory_bytes``.
 - ``SPECDEC_CPU_THREADS``: torch threads on CPU (default: every core this process may use).
+- ``SPECDEC_DRAFTER_GRAPHS=0``: run the drafter's steps eagerly (vLLM's V1 way: piecewise
+  graphs, attention outside them) instead of replaying our graphs of them. Default on where
+  the device has graphs.
 """
 from __future__ import annotations
 
@@ -32,3 +35,7 @@ def cpu_threads() -> int:
     if value:
         return int(value)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def drafter_graphs() -> bool:
+    return os.environ.get("SPECDEC_DRAFTER_GRAPHS", "1").strip().lower() in _TRUE

@@ -78,3 +78,25 @@ class DeviceLayer:
     def measures_memory(self) -> bool:
         """True if vLLM's own memory profiler works here (it needs torch.accelerator stats)."""
         return False
+
+    # ---- graphs we capture ourselves (the drafter's steps; only where supports_graphs) ----
+    def new_graph_pool(self):
+        """A memory pool handle shared by graphs that are replayed one after another."""
+        raise NotImplementedError(f"{self.name} has no graphs")
+
+    def new_stream(self):
+        raise NotImplementedError(f"{self.name} has no graphs")
+
+    def capture_graph(self, fn, pool, stream):
+        """Record ``fn()`` into a new graph on ``stream`` without running it.
+
+        Returns ``(graph, fn's result)``; ``graph.replay()`` runs it on the current stream.
+        Only calls made by this thread are recorded or checked, so other threads of the
+        engine (output copies) may keep using the device meanwhile.
+        """
+        raise NotImplementedError(f"{self.name} has no graphs")
+
+    def run_on_stream(self, fn, stream):
+        """Run ``fn()`` on ``stream`` ordered after the current stream's work, and make the
+        current stream wait for it."""
+        raise NotImplementedError(f"{self.name} has no graphs")

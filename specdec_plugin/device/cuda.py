@@ -73,3 +73,35 @@ class CudaDevice(DeviceLayer):
 
     def measures_memory(self) -> bool:
         return True
+
+    def new_graph_pool(self):
+        return torch.cuda.graph_pool_handle()
+
+    def new_stream(self):
+        return torch.cuda.Stream()
+
+    def capture_graph(self, fn, pool, stream):
+        graph = torch.cuda.CUDAGraph()
+        stream.wait_stream(torch.cuda.current_stream())
+        # capture_begin/end rather than torch.cuda.graph(): that context also synchronizes the
+        # device, collects garbage and empties the cache, a stall we do not need mid-serving.
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                result = fn()
+            except BaseException:
+                try:
+                    graph.capture_end()
+                except Exception:  # the capture is already broken; report fn's error
+                    pass
+                raise
+            graph.capture_end()
+        return graph, result
+
+    def run_on_stream(self, fn, stream):
+        current = torch.cuda.current_stream()
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            result = fn()
+        current.wait_stream(stream)
+        return result

@@ -51,7 +51,9 @@ P6 input checks before ``ModelConfig`` (``EngineArgs.create_engine_config``, pat
 P7 proposer classes the V1 runner builds (patches/proposers.py ``PROPOSERS``)
    Why: the runner picks its drafter class by name with no plugin hook (``custom_class`` gets
    neither the input batch nor a runner), and type-checks it with the same names.
-   What: those names are rebound to our subclasses (n-gram and suffix proposers on csrc/).
+   What: those names are rebound to our subclasses: n-gram and suffix proposers on csrc/, and
+   the EAGLE-family and draft-model proposers, whose steps replay from our graphs
+   (spec_decode/drafter_graphs.py; vLLM's V1 runner allows its drafters piecewise graphs only).
    When it can go: when vLLM lets a platform register proposers per method.
 
 P8 ``vllm.config.speculative.has_arctic_inference`` (patches/suffix_config.py)

@@ -14,6 +14,10 @@ PROPOSERS: dict[tuple[str, str], str] = {
         "specdec_plugin.spec_decode.ngram:SpecDecNgramProposer",
     ("vllm.v1.worker.gpu_model_runner", "SuffixDecodingProposer"):
         "specdec_plugin.spec_decode.suffix:SpecDecSuffixProposer",
+    ("vllm.v1.worker.gpu_model_runner", "EagleProposer"):
+        "specdec_plugin.spec_decode.graphed_proposers:SpecDecEagleProposer",
+    ("vllm.v1.worker.gpu_model_runner", "DraftModelProposer"):
+        "specdec_plugin.spec_decode.graphed_proposers:SpecDecDraftModelProposer",
 }
 
 

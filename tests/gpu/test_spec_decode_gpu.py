@@ -8,7 +8,9 @@ defaults (torch.compile, FULL_AND_PIECEWISE graphs, async scheduling where vLLM 
 - acceptance length through our plugin within 3% of vLLM's own CUDA backend (same target,
   drafter and prompts): the check that drafting and verification are right;
 - graph replay equals eager execution (fp32, same tie rule); full decode graphs were captured
-  at sizes n*(1+K).
+  at sizes n*(1+K);
+- the drafter's steps replay from our graphs (spec_decode/drafter_graphs.py) for the EAGLE family
+  and draft models, and drafting from them accepts what eager drafting accepts (fp32).
 
 Each engine runs in its own process (benchmarks/engine_runner.py), several at once on one GPU
 (each gets a fixed 1 GiB KV cache, so none measures another's memory). Run on the device:
@@ -39,6 +41,8 @@ METHODS = ["draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix"]
 # vLLM's own suffix decoding needs arctic-inference, which has no wheel for vLLM 0.26's pin
 # (PyPI offers 0.0.1-0.0.4): no native reference for suffix.
 NATIVE_METHODS = [m for m in METHODS if m != "suffix"]
+# Methods whose drafter steps replay from our graphs (vLLM's V1 EagleProposer, DraftModelProposer).
+GRAPHED_DRAFTERS = ["draft_model", "eagle", "eagle3", "mtp"]
 PARALLEL_ENGINES = int(os.environ.get("SPECDEC_GPU_PARALLEL", "6"))
 TIE_GAP = 1e-4
 
@@ -79,6 +83,11 @@ def _jobs(smollm2: str) -> dict[str, dict]:
     jobs["ours/float32/none-eager"] = job("ours", smollm2, "float32", enforce_eager=True)
     jobs["ours/float32/eagle-eager"] = job("ours", smollm2, "float32", _spec("eagle"),
                                            enforce_eager=True)
+    for method in GRAPHED_DRAFTERS:
+        target = mimo if method == "mtp" else smollm2
+        eager_drafter = job("ours", target, "float32", _spec(method))
+        eager_drafter["env"] = {"SPECDEC_DRAFTER_GRAPHS": "0"}
+        jobs[f"ours/float32/{method}-eager-drafter"] = eager_drafter
     return jobs
 
 
@@ -185,3 +194,26 @@ def test_full_decode_graphs_at_multiples_of_1_plus_k(results, method):
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
 def test_async_scheduling_with_eagle_family(results, method):
     assert results[f"ours/bfloat16/{method}"]["async_scheduling"] is True
+
+
+@pytest.mark.parametrize("method", GRAPHED_DRAFTERS)
+def test_drafter_steps_replay_from_graphs(results, method):
+    for dtype in ("bfloat16", "float32"):
+        graphs = results[f"ours/{dtype}/{method}"]["drafter_graphs"]
+        assert graphs["recorded"] > 0 and graphs["failed"] == 0, f"{method} {dtype}: {graphs}"
+    eager = results[f"ours/float32/{method}-eager-drafter"]["drafter_graphs"]
+    assert eager["recorded"] == 0, eager
+
+
+@pytest.mark.parametrize("method", GRAPHED_DRAFTERS)
+def test_drafter_graphs_accept_like_eager_drafting(results, method):
+    # fp32: the same drafts up to rounding. The eager drafter pads its batch to vLLM's capture
+    # sizes and the graph does not, so matrix products may round differently and flip a
+    # near-tied draft token; acceptance must agree within 1%.
+    eager_name = f"ours/float32/{method}-eager-drafter"
+    _assert_equal_but_ties(results, _baseline(method, "float32"), eager_name)
+    _, graphed = _tokens(results, f"ours/float32/{method}")
+    _, eager = _tokens(results, eager_name)
+    assert graphed["acceptance_length"] == pytest.approx(eager["acceptance_length"], rel=0.01), (
+        f"{method}: drafter graphs {graphed['acceptance_length']:.4f}, "
+        f"eager drafting {eager['acceptance_length']:.4f}")

@@ -1,0 +1,218 @@
+"""The drafter's whole ``propose`` (first pass and the K-1 further steps) replayed as one graph.
+
+Why: vLLM's V1 runner gives its drafters piecewise graphs only
+(``SpecDecodeBaseProposer.initialize_cudagraph_keys``). Every drafter layer's KV write and
+attention, the metadata updates and the sampling between steps are then launched one by one
+from the host, and at small batch that host time is most of the drafter's cost. vLLM's V2
+runner records its EAGLE drafter in full graphs, but we stay on the V1 runner, which hosts our
+proposers and rejection sampler. So we record the same work here, around vLLM's own
+``propose``.
+
+How: what ``propose`` launches on the device depends only on a few host values: K, the number
+of target tokens and of requests, the longest query, and which optional inputs are given. Those
+values, plus the shapes and dtypes of the inputs, are the graph key. The first call with a new
+key does three things:
+1. copies its inputs into static buffers;
+2. runs vLLM's ``propose`` on them once, on a side stream, as a warm-up in which every kernel
+   compiles;
+3. records ``propose`` into a graph.
+Later calls with that key copy their inputs into the same buffers and replay the graph. The
+recorded work reads no device value on the host. Our attention kernels read sequence lengths
+from the device (``ops/paged_attention``), so one graph serves any context length.
+
+vLLM's ``propose`` runs unchanged, not recorded, in these cases:
+- probabilistic draft sampling (random state);
+- multimodal inputs, M-RoPE / XD-RoPE positions;
+- parallel drafting, heterogeneous vocabularies;
+- data parallelism, expert load balancing;
+- queries longer than 1+K (prefills);
+- devices without graphs, ``enforce_eager``, ``SPECDEC_DRAFTER_GRAPHS=0``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from vllm.config import CUDAGraphMode
+from specdec_plugin.log import init_logger
+
+from specdec_plugin import envs
+
+logger = init_logger(__name__)
+
+# Graphs share one memory pool (they replay one after another), so each extra graph costs
+# little memory. The cap bounds recording stalls when a server sees many batch shapes.
+MAX_GRAPHS = 128
+
+
+class _DraftGraph(NamedTuple):
+    graph: Any
+    static: list[torch.Tensor]  # the non-None inputs, in ``_ProposeCall.tensors`` order
+    draft_token_ids: torch.Tensor  # [batch, K], written by every replay
+
+
+@dataclass
+class _ProposeCall:
+    """The arguments of one ``propose`` call, split into device tensors and the rest."""
+
+    kwargs: dict[str, Any]
+
+    def tensors(self) -> list[torch.Tensor | None]:
+        kw, cad = self.kwargs, self.kwargs["common_attn_metadata"]
+        return [kw["target_token_ids"], kw["target_positions"], kw["target_hidden_states"],
+                kw["next_token_ids"], kw["token_indices_to_sample"], kw["num_rejected_tokens_gpu"],
+                cad.query_start_loc, cad.seq_lens, cad.block_table_tensor, cad.slot_mapping]
+
+    def on(self, static: list[torch.Tensor | None], max_model_len: int) -> dict[str, Any]:
+        """The same call reading ``static`` instead of the live tensors.
+
+        ``propose`` changes its metadata in place (sequence lengths, host shadows), so each
+        use gets a fresh copy. ``max_seq_len`` becomes the model's limit: it only sizes kernel
+        launches, and a recorded launch must suit every later length.
+        """
+        (token_ids, positions, hidden, next_ids, to_sample, rejected,
+         query_start_loc, seq_lens, block_table, slot_mapping) = static
+        cad = self.kwargs["common_attn_metadata"]
+
+        def host_copy(t):
+            return None if t is None else t.clone()
+
+        static_cad = cad.replace(
+            query_start_loc=query_start_loc, seq_lens=seq_lens, block_table_tensor=block_table,
+            slot_mapping=slot_mapping, max_seq_len=max_model_len,
+            query_start_loc_cpu=host_copy(cad.query_start_loc_cpu),
+            _seq_lens_cpu=host_copy(cad._seq_lens_cpu),
+            _num_computed_tokens_cpu=host_copy(cad._num_computed_tokens_cpu),
+            seq_lens_cpu_upper_bound=host_copy(cad.seq_lens_cpu_upper_bound),
+            # Device fields propose and our builders never read: no stale pointers recorded.
+            positions=None, is_prefilling=None,
+        )
+        return self.kwargs | {
+            "target_token_ids": token_ids, "target_positions": positions,
+            "target_hidden_states": hidden, "next_token_ids": next_ids,
+            "token_indices_to_sample": to_sample, "num_rejected_tokens_gpu": rejected,
+            "common_attn_metadata": static_cad,
+        }
+
+
+def _copy_into(static: list[torch.Tensor], live: list[torch.Tensor]) -> None:
+    # One multi-tensor launch per dtype instead of one copy per input: this is host time on
+    # every drafter step.
+    torch._foreach_copy_(static, live)
+
+
+class DrafterGraphs:
+    """Mixin for vLLM's V1 drafters (``SpecDecodeBaseProposer`` subclasses): replays ``propose``
+    from graphs where it can (see the module doc). Put it before vLLM's class in the bases."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._graph_device = self._device_for_graphs()
+        self._draft_graphs: dict[tuple, _DraftGraph | None] = {}  # None: recording failed
+        self._graph_pool = None
+        self._graph_stream = None
+        self._recording_graph = False
+        self._warned_graph_cap = False
+
+    def _device_for_graphs(self):
+        from vllm.platforms import current_platform
+
+        device = getattr(current_platform, "device", None)
+        config = self.vllm_config
+        if (device is None or not device.supports_graphs or not envs.drafter_graphs()
+                or config.model_config.enforce_eager or self.speculative_config.enforce_eager
+                or config.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
+                or config.parallel_config.data_parallel_size > 1):
+            return None
+        return device
+
+    # ---- vLLM's hooks ----
+    def _determine_batch_execution_and_padding(self, num_tokens: int,
+                                               use_cudagraphs: bool = True):
+        if self._recording_graph:
+            # Inside our graph vLLM's piecewise graphs must not replay, and nothing is padded.
+            return CUDAGraphMode.NONE, num_tokens, None
+        return super()._determine_batch_execution_and_padding(num_tokens, use_cudagraphs)
+
+    def propose(self, num_speculative_tokens, target_token_ids, target_positions,
+                target_hidden_states, next_token_ids, token_indices_to_sample,
+                common_attn_metadata, sampling_metadata, mm_embed_inputs=None,
+                num_rejected_tokens_gpu=None, slot_mappings=None) -> torch.Tensor:
+        call = _ProposeCall(dict(
+            num_speculative_tokens=num_speculative_tokens, target_token_ids=target_token_ids,
+            target_positions=target_positions, target_hidden_states=target_hidden_states,
+            next_token_ids=next_token_ids, token_indices_to_sample=token_indices_to_sample,
+            common_attn_metadata=common_attn_metadata, sampling_metadata=sampling_metadata,
+            mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
+            slot_mappings=slot_mappings))
+        key = self._graph_key(call)
+        entry = None
+        if key is not None:
+            entry = self._draft_graphs[key] if key in self._draft_graphs else self._record(key, call)
+        if entry is None:
+            return super().propose(**call.kwargs)
+        _copy_into(entry.static, [t for t in call.tensors() if t is not None])
+        entry.graph.replay()
+        # What propose leaves on the host for the runner.
+        self.num_speculative_tokens = num_speculative_tokens
+        self._last_draft_probs = None
+        # The next replay overwrites the graph's output; the runner may still hold this one.
+        return entry.draft_token_ids.clone()
+
+    # ---- graphs ----
+    def _graph_key(self, call: _ProposeCall) -> tuple | None:
+        kw = call.kwargs
+        k, cad = kw["num_speculative_tokens"], kw["common_attn_metadata"]
+        if (self._graph_device is None or k < 1 or kw["mm_embed_inputs"] is not None
+                or self.parallel_drafting or self.uses_mrope or self.uses_xdrope_dim > 0
+                or getattr(self, "use_heterogeneous_vocab", False)
+                or self.eplb_state is not None or self._share_mtp_indices
+                or (self._enable_probabilistic_draft_probs
+                    and not kw["sampling_metadata"].all_greedy)
+                or kw["target_positions"].dim() != 1
+                or cad.max_query_len > 1 + k or cad.causal is not True
+                or cad.dcp_local_seq_lens is not None or cad.encoder_seq_lens is not None
+                or cad.rswa_prefix_lens is not None or cad.logits_indices_padded is not None):
+            return None
+        shapes = tuple(None if t is None else (tuple(t.shape), t.dtype) for t in call.tensors())
+        return (k, cad.max_query_len, cad.num_actual_tokens, shapes)
+
+    def _record(self, key: tuple, call: _ProposeCall) -> _DraftGraph | None:
+        if len(self._draft_graphs) >= MAX_GRAPHS:
+            if not self._warned_graph_cap:
+                self._warned_graph_cap = True
+                logger.warning("specdec_plugin: %d drafter graphs recorded; further batch shapes "
+                               "draft eagerly", MAX_GRAPHS)
+            return None
+        device = self._graph_device
+        if self._graph_pool is None:
+            self._graph_pool, self._graph_stream = device.new_graph_pool(), device.new_stream()
+        live = call.tensors()
+        static = [None if t is None else torch.empty_like(t) for t in live]
+        present = [t for t in static if t is not None]
+        start = time.perf_counter()
+        vllm_propose = super().propose
+        self._recording_graph = True
+        try:
+            _copy_into(present, [t for t in live if t is not None])
+            device.run_on_stream(lambda: vllm_propose(**call.on(static, self.max_model_len)),
+                                 self._graph_stream)
+            graph, draft_token_ids = device.capture_graph(
+                lambda: vllm_propose(**call.on(static, self.max_model_len)),
+                self._graph_pool, self._graph_stream)
+        except Exception as err:  # e.g. an op that cannot be recorded: draft eagerly instead
+            logger.warning("specdec_plugin: drafter graph for key %s not recorded (%s: %s); "
+                           "these steps draft eagerly", key[:3], type(err).__name__, err)
+            self._draft_graphs[key] = None
+            return None
+        finally:
+            self._recording_graph = False
+        entry = _DraftGraph(graph, present, draft_token_ids)
+        self._draft_graphs[key] = entry
+        k, max_query_len, num_tokens, _ = key
+        logger.info("specdec_plugin: drafter graph recorded: %d requests, %d tokens, longest "
+                    "query %d, K=%d (%.0f ms)", live[7].shape[0], num_tokens, max_query_len, k,
+                    (time.perf_counter() - start) * 1e3)
+        return entry
