@@ -67,13 +67,13 @@ def _padded_setup(args) -> tuple[str, dict, dict]:
     specs = {"none": None}
     for method in ("draft_model", "eagle", "eagle3"):
         if method in paths:
-            specs[method] = padded_speculative_config(method, paths, args.k)
+            specs[method] = padded_speculative_config(method, paths[method], args.k)
     specs["ngram"] = {"method": "ngram", "num_speculative_tokens": args.k,
                       "prompt_lookup_min": 1, "prompt_lookup_max": 4}
     specs["suffix"] = {"method": "suffix", "num_speculative_tokens": args.k}
     from prompts_gpu import BENCH_PROMPTS
 
-    return paths["target"], specs, {"prompts": BENCH_PROMPTS, "engine": {}}
+    return str(paths["target"]), specs, {"prompts": BENCH_PROMPTS, "engine": {}}
 
 
 SETUPS = {"llama7b-random": _llama7b_setup, "smollm2-padded": _padded_setup}
