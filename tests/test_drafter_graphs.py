@@ -80,3 +80,20 @@ def test_recorded_call_plans_for_every_length_and_leaves_the_live_call_alone():
     assert cad.max_seq_len == int(cad.seq_lens.max())
     assert new_cad.num_actual_tokens == cad.num_actual_tokens
     assert new_cad.max_query_len == cad.max_query_len
+
+
+def test_v1_runner_builds_our_drafters():
+    # Patch P7 rebinds the names the V1 runner builds its drafter from (as every worker does).
+    import vllm.v1.worker.gpu_model_runner as runner
+    from vllm.v1.spec_decode.draft_model import DraftModelProposer
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    from specdec_plugin.patches import proposers
+    from specdec_plugin.spec_decode.drafter_graphs import DrafterGraphs
+
+    proposers.apply()
+    for ours, vllms in ((runner.EagleProposer, EagleProposer),
+                        (runner.DraftModelProposer, DraftModelProposer)):
+        assert ours is not vllms and issubclass(ours, vllms) and issubclass(ours, DrafterGraphs)
+        # Our propose and vLLM's padding hook must come first in the method order.
+        assert ours.propose is DrafterGraphs.propose

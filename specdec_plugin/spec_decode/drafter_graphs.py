@@ -213,6 +213,7 @@ class DrafterGraphs:
         self._draft_graphs[key] = entry
         k, max_query_len, num_tokens, _ = key
         logger.info("specdec_plugin: drafter graph recorded: %d requests, %d tokens, longest "
-                    "query %d, K=%d (%.0f ms)", live[7].shape[0], num_tokens, max_query_len, k,
+                    "query %d, K=%d (%.0f ms)", call.kwargs["common_attn_metadata"].batch_size(),
+                    num_tokens, max_query_len, k,
                     (time.perf_counter() - start) * 1e3)
         return entry
