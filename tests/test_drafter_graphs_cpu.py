@@ -1,0 +1,55 @@
+"""Drafter graphs end to end on the CPU: a real engine drafts from recorded calls.
+
+CPUs have no graphs, so tests/drafter_graphs_host_replay.py emulates them: a replay re-runs
+vLLM's real ``propose`` on our static buffers, with the host values of the recorded call. That
+is exactly what a GPU graph reads, so a device input that ``propose`` uses but our buffers do
+not carry would draft from stale data here, and change acceptance. fp32 drafting from recorded
+calls must equal eager drafting: the same tokens, the same accepted drafts at every position.
+The GPU run of the real graphs is in tests/gpu.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.prompts import SPEC_PROMPTS
+from tests.spec_configs import spec_config, target_for
+
+pytestmark = pytest.mark.slow
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(method: str, smollm2_path: str, mode: str) -> dict:
+    job = {"backend": "ours", "model": target_for(method, smollm2_path),
+           "engine": {"dtype": "float32", "max_model_len": 1024,
+                      "speculative_config": spec_config(method, smollm2_path)},
+           # Four requests at once, then two (batch shapes differ: several graphs).
+           "prompts": SPEC_PROMPTS[:4], "max_tokens": 32, "batches": [4, 2], "repeats": 1,
+           "warmups": 0, "tokens": True}
+    proc = subprocess.run([sys.executable, "-m", "tests.drafter_graphs_host_replay",
+                           json.dumps(job), mode], cwd=_ROOT, capture_output=True, text=True,
+                          timeout=900)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise AssertionError(f"{method} {mode}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+
+
+@pytest.mark.parametrize("method", ["eagle", "draft_model"])
+def test_drafting_from_recorded_calls_equals_eager_drafting(method, smollm2_path):
+    recorded = _run(method, smollm2_path, "emulate")
+    eager = _run(method, smollm2_path, "eager")
+    graphs = recorded["drafter_graphs"]
+    assert graphs["recorded"] > 0 and graphs["replayed"] > graphs["recorded"], graphs
+    assert eager["drafter_graphs"]["recorded"] == 0
+    for batch, entry in eager["batches"].items():
+        have = recorded["batches"][batch]
+        assert have["token_ids"] == entry["token_ids"], f"{method} batch {batch}: tokens differ"
+        assert have["spec"] == entry["spec"], (
+            f"{method} batch {batch}: drafts differ: recorded {have['spec']}, eager {entry['spec']}")
+        assert entry["spec"]["accepted"] > 0, "nothing accepted: the check would be empty"
