@@ -40,7 +40,7 @@ def _run(method: str, smollm2_path: str, mode: str) -> dict:
     raise AssertionError(f"{method} {mode}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
 
 
-@pytest.mark.parametrize("method", ["eagle", "draft_model"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "draft_model"])
 def test_drafting_from_recorded_calls_equals_eager_drafting(method, smollm2_path):
     recorded = _run(method, smollm2_path, "emulate")
     eager = _run(method, smollm2_path, "eager")
