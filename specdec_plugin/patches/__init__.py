@@ -54,7 +54,9 @@ P7 proposer classes the V1 runner builds (patches/proposers.py ``PROPOSERS``)
    What: those names are rebound to our subclasses: n-gram and suffix proposers on csrc/, and
    the EAGLE-family and draft-model proposers, whose steps replay from our graphs
    (spec_decode/drafter_graphs.py; vLLM's V1 runner allows its drafters piecewise graphs only).
-   When it can go: when vLLM lets a platform register proposers per method.
+   When it can go: when vLLM lets a platform register proposers per method. The drafter-graph
+   part can also go when the V1 runner records its drafters in full graphs (the V2 runner does,
+   but it does not host our proposers and rejection sampler).
 
 P8 ``vllm.config.speculative.has_arctic_inference`` (patches/suffix_config.py)
    Why: ``SpeculativeConfig`` rejects ``method="suffix"`` unless arctic-inference is
