@@ -136,13 +136,14 @@ def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None =
     captured = sorted(set(re.findall(r"Capturing CUDA graphs \(([^)]*)\)", proc.stderr)))
     # vLLM's JIT monitor (every compile with jit_monitor_verbose): when, and which kernel.
     # vLLM logs to stdout (the capture bars above are tqdm, on stderr).
+    output = proc.stdout + proc.stderr
     jit = [{"clock": clock, "kernel": kernel} for clock, kernel in re.findall(
         r"(\d\d:\d\d:\d\d) \[jit_monitor\.py:\d+\] .*? during inference: ([^\s.(]+)",
-        proc.stdout + proc.stderr)]
+        output)]
     # Our drafter graphs (specdec_plugin/spec_decode/drafter_graphs.py): recorded, and failed.
     drafter_graphs = {
-        "recorded": len(re.findall(r"drafter graph recorded", proc.stdout + proc.stderr)),
-        "failed": len(re.findall(r"drafter graph for key .* not recorded", proc.stdout + proc.stderr)),
+        "recorded": len(re.findall(r"drafter graph recorded", output)),
+        "failed": len(re.findall(r"drafter graph for key .* not recorded", output)),
     }
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):

@@ -23,8 +23,9 @@ class SpecDecAttentionMetadata:
     seq_lens: torch.Tensor  # [num_seqs] int32, cached tokens after this step
     block_table: torch.Tensor  # [num_seqs, max_blocks] int32
     slot_mapping: torch.Tensor  # [num_tokens] int64, -1 for padding
-    # A drafter's step: vLLM runs drafter attention eagerly (outside CUDA graphs) in a loop
-    # bound by host launch cost, so the kernel should launch as little as it can.
+    # A drafter's step. Where our drafter graphs do not record it (spec_decode/drafter_graphs.py)
+    # vLLM runs drafter attention eagerly in a loop bound by host launch cost, so the kernel
+    # launches as little as it can. Recorded steps carry the flag too (see the note there).
     drafting: bool = False
 
 

@@ -71,6 +71,11 @@ class _ProposeCall:
         ``propose`` changes its metadata in place (sequence lengths, host shadows), so each
         use gets a fresh copy. ``max_seq_len`` becomes the model's limit: it only sizes kernel
         launches, and a recorded launch must suit every later length.
+
+        The attention metadata of these steps still comes from ``build_for_drafting``, so our
+        attention plans them as host-bound (split the KV only past 2k keys), a hint meant for
+        eager launches. Results are exact either way; whether graphs would gain from the
+        graph-time plan (more splits at small batch and long context) is not measured yet.
         """
         (token_ids, positions, hidden, next_ids, to_sample, rejected,
          query_start_loc, seq_lens, block_table, slot_mapping) = static
