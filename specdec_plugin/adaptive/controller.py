@@ -1,0 +1,82 @@
+"""The controller: acceptance state + cost table + policy, called once per engine step.
+
+Lives in the engine-core process, inside the scheduler (``scheduler.py``): the scheduler knows
+the batch, sees every verification result, and its choice reaches the proposer with the step
+(``SchedulerOutput.num_spec_tokens_to_schedule``).
+
+Probes: while the policy says 0, no drafts are verified, so no evidence arrives that drafts
+would land again. Every ``probe_every`` plain steps the controller drafts one token per
+request anyway; each probe after which the policy still says 0 doubles the interval (up to
+``max_probe_every``), so that a workload where drafting never pays spends at most a probe's
+cost every few hundred steps; drafting again resets it.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+from specdec_plugin.adaptive.acceptance import AcceptanceSettings, AcceptanceTracker
+from specdec_plugin.adaptive.cost_model import CostTable
+from specdec_plugin.adaptive.policy import choose_draft_length
+from specdec_plugin.log import init_logger
+
+logger = init_logger(__name__)
+
+FIRST_PROBE_EVERY = 16
+MAX_PROBE_EVERY = 512
+PROBE_LENGTH = 1
+
+
+class DraftLengthController:
+    def __init__(self, max_k: int, cost: CostTable, allowed: Sequence[int] | None = None,
+                 settings: AcceptanceSettings | None = None):
+        self.max_k = max_k
+        self.cost = cost
+        self.allowed = tuple(sorted(set(allowed))) if allowed is not None else tuple(range(max_k + 1))
+        self.tracker = AcceptanceTracker(settings or AcceptanceSettings(max_k=max_k))
+        self.last_k: int | None = None
+        self.probe_every = FIRST_PROBE_EVERY
+        self._plain_steps = 0
+        # How many steps chose each length: read by tests and the benchmark.
+        self.choices: Counter[int] = Counter()
+        self.probes = 0
+
+    def observe(self, req_id: str, num_drafted: int, num_accepted: int) -> None:
+        self.tracker.observe(req_id, num_drafted, num_accepted)
+
+    def forget(self, req_id: str) -> None:
+        self.tracker.forget(req_id)
+
+    def _probe_length(self) -> int:
+        drafting = [k for k in self.allowed if k > 0]
+        return min(drafting, key=lambda k: abs(k - PROBE_LENGTH)) if drafting else 0
+
+    def choose(self, req_ids: Sequence[str]) -> int:
+        self.tracker.end_step()
+        decision = choose_draft_length(self.tracker.batch_rates(req_ids), self.cost, self.allowed)
+        k = decision.k
+        if k == 0:
+            self._plain_steps += 1
+            if self._plain_steps >= self.probe_every:
+                self._plain_steps = 0
+                self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
+                self.probes += 1
+                self.choices[self._probe_length()] += 1
+                return self._probe_length()  # a probe is not a change of regime
+        else:
+            self._plain_steps = 0
+            self.probe_every = FIRST_PROBE_EVERY
+        self.choices[k] += 1
+        if self.last_k is None or (k == 0) != (self.last_k == 0):
+            rates = self.tracker.engine_rates()
+            logger.info(
+                "specdec_plugin: adaptive drafting %s: %d draft tokens per step at batch %d "
+                "(acceptance per position %s; expected tokens/s by length %s)",
+                "off" if k == 0 else "on", k, len(req_ids),
+                "/".join(f"{r:.2f}" for r in rates),
+                ", ".join(f"{kk}: {v:.3g}" for kk, v in decision.tokens_per_s.items()),
+            )
+        elif k != self.last_k:
+            logger.debug("specdec_plugin: adaptive drafting %d -> %d tokens", self.last_k, k)
+        self.last_k = k
+        return k

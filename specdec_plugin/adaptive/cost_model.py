@@ -1,0 +1,96 @@
+"""How long one engine step takes, by batch size and draft length.
+
+Measured, not guessed: ``measure.py`` times the target's forward pass and the drafter's
+forward pass at a spread of token counts on the device at engine start, and this module
+interpolates between those points (linearly; past the last point, along the last slope).
+
+A step that verifies k drafts for each of n requests and drafts k more costs, in steady state:
+
+    target(n*(1+k))                          verification
+  + drafter(n*(1+k)) + (k-1) * drafter(n)    drafting: one pass over the verified tokens,
+                                             then one pass per further draft token
+  + SPEC_STEP_OVERHEAD * target(n)           sampling and bookkeeping of speculation
+For k = 0 only the target runs, plus the drafter's pass over the new tokens when the drafter
+keeps its KV cache in sync at k = 0 (vLLM's EAGLE-family and draft-model proposers do, so that
+their drafts stay good when drafting resumes); n-gram and suffix drafting cost no device time.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+# What a speculative step costs beyond the timed forward passes (rejection sampling, the
+# drafter's sampling and input preparation, bookkeeping), as a fraction of a plain step. An
+# estimate, not measured at start-up: a draft must promise at least this much before the
+# controller pays for it.
+SPEC_STEP_OVERHEAD = 0.05
+
+
+@dataclass(frozen=True)
+class CostTable:
+    token_counts: tuple[int, ...]
+    target_s: tuple[float, ...]
+    # None: the proposer has no device model (n-gram, suffix).
+    drafter_s: tuple[float, ...] | None = None
+    # The drafter runs its pass over the new tokens even when no draft is asked for.
+    drafter_syncs_at_zero: bool = False
+    source: str = "measured"
+
+    def __post_init__(self):
+        if len(self.token_counts) < 1 or len(self.token_counts) != len(self.target_s):
+            raise ValueError("CostTable needs one target time per token count")
+        if list(self.token_counts) != sorted(set(self.token_counts)):
+            raise ValueError("CostTable token counts must be increasing")
+        if self.drafter_s is not None and len(self.drafter_s) != len(self.token_counts):
+            raise ValueError("CostTable needs one drafter time per token count")
+
+    @staticmethod
+    def _interp(xs, ys, x: float) -> float:
+        xs = np.asarray(xs, dtype=float)
+        ys = np.asarray(ys, dtype=float)
+        if len(xs) == 1:
+            return float(ys[0] * max(x, 1.0) / xs[0]) if x > xs[0] else float(ys[0])
+        if x <= xs[-1]:
+            return float(np.interp(x, xs, ys))
+        slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
+        return float(ys[-1] + slope * (x - xs[-1]))
+
+    def target(self, tokens: int) -> float:
+        return self._interp(self.token_counts, self.target_s, tokens)
+
+    def drafter(self, tokens: int) -> float:
+        if self.drafter_s is None:
+            return 0.0
+        return self._interp(self.token_counts, self.drafter_s, tokens)
+
+    def step_time(self, num_reqs: int, k: int) -> float:
+        n = max(num_reqs, 1)
+        if k <= 0:
+            return self.target(n) + (self.drafter(n) if self.drafter_syncs_at_zero else 0.0)
+        return (self.target(n * (1 + k)) + self.drafter(n * (1 + k)) + (k - 1) * self.drafter(n)
+                + SPEC_STEP_OVERHEAD * self.target(n))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "CostTable":
+        raw = json.loads(text)
+        raw["token_counts"] = tuple(raw["token_counts"])
+        raw["target_s"] = tuple(raw["target_s"])
+        if raw.get("drafter_s") is not None:
+            raw["drafter_s"] = tuple(raw["drafter_s"])
+        return cls(**raw)
+
+
+def fallback_table(has_drafter_model: bool) -> CostTable:
+    """Used only when start-up timing failed (logged): a memory-bound step whose cost grows
+    slowly with tokens, and a drafter a tenth of the target. Relative numbers suffice, since
+    the policy compares step times with each other."""
+    counts = (1, 64, 512, 4096)
+    target = (1.0, 1.1, 2.0, 12.0)
+    drafter = tuple(0.1 * t for t in target) if has_drafter_model else None
+    return CostTable(counts, target, drafter, drafter_syncs_at_zero=has_drafter_model,
+                     source="fallback")

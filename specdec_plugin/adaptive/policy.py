@@ -1,0 +1,59 @@
+"""The draft-length decision: a pure function, so CI can check it without a device.
+
+For each allowed draft length k, expected tokens per step for a request with per-position
+acceptance rates a_1..a_K is
+
+    E_r(k) = 1 + sum_{j=1..k} prod_{i<=j} a_i
+
+(the one token every step yields, plus each draft position that is reached and accepted), and
+the step takes ``cost.step_time(n, k)``. We pick the k with the most tokens per second over the
+batch. Ties, and gains under ``min_gain``, go to the shorter draft: a longer draft that is not
+clearly better only costs memory traffic and risk.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+class StepCost(Protocol):
+    def step_time(self, num_reqs: int, k: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class Decision:
+    k: int
+    tokens_per_s: dict[int, float]
+
+
+def expected_tokens(rates: np.ndarray, k: int) -> np.ndarray:
+    """E_r(k) for each row of ``rates`` [n, K]."""
+    rates = np.atleast_2d(rates)
+    if k <= 0:
+        return np.ones(rates.shape[0])
+    reach = np.cumprod(rates[:, :k], axis=1)
+    return 1.0 + reach.sum(axis=1)
+
+
+def choose_draft_length(rates: np.ndarray, cost: StepCost, allowed: Sequence[int],
+                        min_gain: float = 0.03) -> Decision:
+    """rates: [n, K] acceptance per request and position; allowed: the lengths to consider
+    (0 means a plain decode step)."""
+    rates = np.clip(np.atleast_2d(np.asarray(rates, dtype=float)), 0.0, 1.0)
+    n = rates.shape[0]
+    max_k = rates.shape[1]
+    scores: dict[int, float] = {}
+    for k in sorted(set(allowed)):
+        if k < 0 or k > max_k:
+            raise ValueError(f"draft length {k} outside 0..{max_k}")
+        seconds = cost.step_time(n, k)
+        if seconds <= 0:
+            raise ValueError(f"step time for n={n}, k={k} must be positive, got {seconds}")
+        scores[k] = float(expected_tokens(rates, k).sum() / seconds)
+    best = min(scores)
+    for k in sorted(scores):
+        if scores[k] > scores[best] * (1.0 + min_gain):
+            best = k
+    return Decision(best, scores)

@@ -1,0 +1,167 @@
+"""The adaptive controller's decisions, without an engine: acceptance history and a cost table
+in, draft length out (specdec_plugin/adaptive/)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec_plugin.adaptive.acceptance import AcceptanceSettings, AcceptanceTracker
+from specdec_plugin.adaptive.controller import DraftLengthController
+from specdec_plugin.adaptive.cost_model import SPEC_STEP_OVERHEAD, CostTable, fallback_table
+from specdec_plugin.adaptive.metrics import draft_length_counts
+from specdec_plugin.adaptive.policy import choose_draft_length, expected_tokens
+
+K = 4
+# A memory-bound target like the H100 7B: 6 ms up to 64 tokens, then compute grows.
+GPU_LIKE = CostTable((1, 64, 256, 1024), (6.0e-3, 6.3e-3, 9.0e-3, 30.0e-3),
+                     (0.4e-3, 0.45e-3, 0.8e-3, 2.5e-3), drafter_syncs_at_zero=True)
+# n-gram: no device drafter.
+NGRAM_LIKE = CostTable((1, 64, 256, 1024), (6.0e-3, 6.3e-3, 9.0e-3, 30.0e-3))
+
+
+def rates(*per_position, n=1):
+    return np.tile(np.array(per_position, dtype=float), (n, 1))
+
+
+def test_expected_tokens_counts_the_chain_of_accepted_positions():
+    r = rates(0.5, 0.5, 1.0, 0.0)
+    assert expected_tokens(r, 0)[0] == 1.0
+    assert expected_tokens(r, 1)[0] == pytest.approx(1.5)
+    assert expected_tokens(r, 3)[0] == pytest.approx(1 + 0.5 + 0.25 + 0.25)
+    assert expected_tokens(r, 4)[0] == pytest.approx(2.0)  # position 4 is never accepted
+
+
+def test_drafts_that_never_land_give_a_plain_step():
+    for cost in (GPU_LIKE, NGRAM_LIKE):
+        for n in (1, 16, 64):
+            assert choose_draft_length(rates(0, 0, 0, 0, n=n), cost, range(K + 1)).k == 0
+
+
+def test_drafts_that_always_land_draft_all_k_when_verification_is_cheap():
+    assert choose_draft_length(rates(1, 1, 1, 1), GPU_LIKE, range(K + 1)).k == K
+    assert choose_draft_length(rates(1, 1, 1, 1, n=16), NGRAM_LIKE, range(K + 1)).k == K
+
+
+def test_compute_bound_batches_draft_less():
+    # The same acceptance: at batch 1 verification is free, at batch 256 every token costs.
+    r = 0.6
+    small = choose_draft_length(rates(r, r, r, r, n=1), GPU_LIKE, range(K + 1)).k
+    large = choose_draft_length(rates(r, r, r, r, n=256), GPU_LIKE, range(K + 1)).k
+    assert small >= K - 1
+    assert large < small
+
+
+def test_the_choice_maximises_tokens_per_second():
+    r = rates(0.8, 0.5, 0.3, 0.1, n=8)
+    decision = choose_draft_length(r, GPU_LIKE, range(K + 1), min_gain=0.0)
+    expected = {k: expected_tokens(r, k).sum() / GPU_LIKE.step_time(8, k) for k in range(K + 1)}
+    assert decision.k == max(expected, key=expected.get)
+    assert decision.tokens_per_s == pytest.approx(expected)
+
+
+def test_small_gains_go_to_the_shorter_draft():
+    # Verification costs nothing extra, only the speculation overhead: drafting one token with
+    # acceptance 0.07 gains 1.9% over a plain step, under min_gain, so no drafting.
+    flat = CostTable((1, 1024), (1.0, 1.0))
+    assert SPEC_STEP_OVERHEAD == 0.05
+    decision = choose_draft_length(rates(0.07, 0, 0, 0), flat, range(K + 1), min_gain=0.03)
+    assert decision.k == 0
+    assert choose_draft_length(rates(0.07, 0, 0, 0), flat, range(K + 1), min_gain=0.0).k == 1
+
+
+def test_only_allowed_lengths_are_chosen():
+    assert choose_draft_length(rates(1, 1, 1, 1), GPU_LIKE, (0, 2)).k == 2
+    with pytest.raises(ValueError, match="outside"):
+        choose_draft_length(rates(1, 1, 1, 1), GPU_LIKE, (0, K + 1))
+
+
+def test_cost_table_interpolates_and_extrapolates():
+    table = CostTable((1, 4, 16), (1.0, 2.0, 4.0), (0.5, 0.5, 1.0), drafter_syncs_at_zero=True)
+    assert table.target(2) == pytest.approx(1 + 1 / 3)
+    assert table.target(32) == pytest.approx(4.0 + 16 * (2.0 / 12))
+    # k=0: target of n tokens plus the drafter's KV-sync pass; k=2: first pass over n*(1+k)
+    # tokens and one more pass over n.
+    assert table.step_time(4, 0) == pytest.approx(2.0 + 0.5)
+    assert table.step_time(4, 2) == pytest.approx(table.target(12) + table.drafter(12) + table.drafter(4)
+                                                  + SPEC_STEP_OVERHEAD * table.target(4))
+    assert CostTable.from_json(table.to_json()) == table
+    with pytest.raises(ValueError):
+        CostTable((4, 1), (1.0, 2.0))
+    assert fallback_table(True).source == "fallback"
+
+
+def test_acceptance_counts_only_tested_positions():
+    tracker = AcceptanceTracker(AcceptanceSettings(max_k=4, prior_weight=1e-9, pool_weight=1e-9,
+                                                   decay=1.0))
+    tracker.observe("a", num_drafted=4, num_accepted=1)  # pos 1 accepted, pos 2 rejected
+    tracker.observe("b", num_drafted=4, num_accepted=4)
+    tracker.end_step()
+    np.testing.assert_allclose(tracker.tested, [2, 2, 1, 1])
+    np.testing.assert_allclose(tracker.accepted, [2, 1, 1, 1])
+    np.testing.assert_allclose(tracker.engine_rates(), [1.0, 0.5, 1.0, 1.0], atol=1e-6)
+
+
+def test_request_rates_are_shrunk_toward_the_engine():
+    settings = AcceptanceSettings(max_k=2, prior_weight=1e-9, decay=1.0, request_prior_weight=1.0)
+    tracker = AcceptanceTracker(settings)
+    for _ in range(3):
+        tracker.observe("good", 2, 2)
+        tracker.end_step()
+    tracker.observe("bad", 2, 0)
+    tracker.end_step()
+    batch = tracker.batch_rates(["good", "bad", "new"])
+    engine = tracker.engine_rates()
+    assert batch[0, 0] > engine[0] > batch[1, 0]
+    np.testing.assert_allclose(batch[2], engine)  # unknown request: the engine's rates
+
+
+def _run(controller, steps, accept):
+    """Drive the controller: each step's drafts are accepted (True) or all rejected."""
+    chosen = []
+    for _ in range(steps):
+        k = controller.choose(["r"])
+        chosen.append(k)
+        if k:
+            controller.observe("r", k, k if accept else 0)
+    return chosen
+
+
+def test_controller_turns_off_when_drafts_miss_and_probes_with_backoff():
+    from specdec_plugin.adaptive.controller import FIRST_PROBE_EVERY, MAX_PROBE_EVERY
+
+    controller = DraftLengthController(K, GPU_LIKE)
+    first = _run(controller, 30, accept=False)
+    assert first[0] == K  # optimistic start
+    # Off within a few steps of misses; from then on plain steps, but for a one-token probe.
+    assert set(first[10:]) <= {0, 1} and first[10:].count(0) >= 18, first
+    # Probes of one token come ever more rarely while drafts keep missing.
+    later = _run(controller, 2000, accept=False)
+    probe_steps = [i for i, k in enumerate(later) if k]
+    assert all(later[i] == 1 for i in probe_steps)
+    gaps = [b - a for a, b in zip(probe_steps, probe_steps[1:])]
+    assert gaps and gaps == sorted(gaps) and gaps[-1] >= MAX_PROBE_EVERY
+    assert len(probe_steps) <= 2000 // FIRST_PROBE_EVERY
+    # Drafts start landing: the next probe sees it, and the controller drafts K again.
+    again = _run(controller, MAX_PROBE_EVERY + 50, accept=True)
+    assert again[-1] == K
+
+
+def test_controller_keeps_drafting_when_drafts_land():
+    controller = DraftLengthController(K, GPU_LIKE)
+    assert set(_run(controller, 200, accept=True)) == {K}
+    assert controller.probes == 0
+
+
+def test_controller_forgets_finished_requests():
+    controller = DraftLengthController(K, GPU_LIKE)
+    controller.observe("r", 4, 4)
+    controller.forget("r")
+    np.testing.assert_allclose(controller.tracker.batch_rates(["r"])[0],
+                               controller.tracker.engine_rates())
+
+
+def test_draft_length_metric_counts():
+    # 3 drafts: lengths 3, 3, 1; 10 tokens generated, 4 accepted -> 10 - 4 - 3 = 3 plain steps.
+    counts = draft_length_counts([3, 2, 2], num_drafts=3, num_accepted=4, num_generation_tokens=10)
+    assert counts == {3: 2, 1: 1, 0: 3}
+    assert draft_length_counts([], 0, 0, 5) == {0: 5}
