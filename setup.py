@@ -39,6 +39,8 @@ setup(
     entry_points={
         "vllm.platform_plugins": ["specdec = specdec_plugin:register"],
         "vllm.general_plugins": ["specdec_engine_patches = specdec_plugin.patches:apply_engine_patches"],
+        # The chosen draft lengths on /metrics (specdec_plugin/adaptive/metrics.py).
+        "vllm.stat_logger_plugins": ["specdec_draft_length = specdec_plugin.adaptive.metrics:DraftLengthStatLogger"],
         "console_scripts": ["specdec-models = specdec_plugin.models.cli:main"],
     },
 )

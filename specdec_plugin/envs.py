@@ -9,6 +9,9 @@
 - ``SPECDEC_DRAFTER_GRAPHS=0``: run the drafter's steps eagerly (vLLM's V1 way: piecewise
   graphs, attention outside them) instead of replaying our graphs of them. Default on where
   the device has graphs.
+- ``SPECDEC_ADAPTIVE=0``: draft K tokens every step, as vLLM does, instead of letting the
+  adaptive controller choose 0..K per step from observed acceptance and measured step costs
+  (default on; a user-given ``num_speculative_tokens_per_batch_size`` also turns it off).
 """
 from __future__ import annotations
 
@@ -39,3 +42,7 @@ def cpu_threads() -> int:
 
 def drafter_graphs() -> bool:
     return os.environ.get("SPECDEC_DRAFTER_GRAPHS", "1").strip().lower() in _TRUE
+
+
+def adaptive_drafting() -> bool:
+    return os.environ.get("SPECDEC_ADAPTIVE", "1").strip().lower() in _TRUE

@@ -141,6 +141,10 @@ class SpecDecPlatform(Platform):
 
         validate(vllm_config, cls.device)
         apply_defaults(vllm_config, cls.device, worker_cls=WORKER)
+        from specdec_plugin.adaptive.config import apply_adaptive
+
+        # After the defaults: the scheduler class follows the async-scheduling choice.
+        apply_adaptive(vllm_config)
 
     @classmethod
     def verify_model_arch(cls, model_arch: str) -> None:

@@ -53,6 +53,11 @@ def pytest_collection_modifyitems(config, items):
 # Real models and shared engines. Starting a vLLM engine costs tens of seconds on 2 cores, so
 # engines are built once per configuration and shared by every test of the session.
 
+# Adaptive drafting chooses draft lengths from step times measured at engine start, so its
+# per-position acceptance counts vary from run to run: tests whose numbers must be exact run
+# without it, and the tests of the controller ask for it (``EnginePool.get(adaptive=True)``).
+os.environ.setdefault("SPECDEC_ADAPTIVE", "0")
+
 # Small KV cache for tests: plenty for a few prompts, and quick to allocate.
 os.environ.setdefault("SPECDEC_CPU_KV_CACHE_GIB", "0.25")
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 
 
 class EnginePool:
@@ -14,17 +15,18 @@ class EnginePool:
         self._created = 0
         self._newest: str | None = None
 
-    def get(self, model: str, metrics: bool = False, **kwargs):
+    def get(self, model: str, metrics: bool = False, adaptive: bool = False, **kwargs):
         """The engine for this configuration. ``metrics=True``: the caller reads its counters
         from ``LLM.get_metrics()``. Every new engine's Prometheus logger unregisters the vLLM
         metrics of the engines before it (vllm/v1/metrics/loggers.py), so such an engine must
-        be the newest one: an older one is rebuilt."""
+        be the newest one: an older one is rebuilt. ``adaptive=True``: with the adaptive
+        draft-length controller (off by default in tests, see conftest.py)."""
         from vllm import LLM
 
         kwargs.setdefault("dtype", "float32")
         kwargs.setdefault("max_model_len", 1024)
         kwargs.setdefault("seed", 0)
-        key = json.dumps({"model": model, **kwargs}, sort_keys=True, default=str)
+        key = json.dumps({"model": model, "adaptive": adaptive, **kwargs}, sort_keys=True, default=str)
         if metrics and key in self._engines and key != self._newest:
             self._shutdown(key)
         if key not in self._engines:
@@ -33,7 +35,16 @@ class EnginePool:
             # Engines share this process's metrics registry; a distinct served name labels
             # each engine's counters (see `counters`).
             self._created += 1
-            self._engines[key] = LLM(model=model, served_model_name=f"pool-{self._created}", **kwargs)
+            # The controller is chosen from the environment when the config is built.
+            saved = os.environ.get("SPECDEC_ADAPTIVE")
+            os.environ["SPECDEC_ADAPTIVE"] = "1" if adaptive else "0"
+            try:
+                self._engines[key] = LLM(model=model, served_model_name=f"pool-{self._created}", **kwargs)
+            finally:
+                if saved is None:
+                    os.environ.pop("SPECDEC_ADAPTIVE")
+                else:
+                    os.environ["SPECDEC_ADAPTIVE"] = saved
             self._newest = key
         else:  # most recently used last
             self._engines[key] = self._engines.pop(key)

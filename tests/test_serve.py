@@ -53,11 +53,11 @@ def _assert_stopped_cleanly(server: VllmServer) -> None:
     assert server.children_alive() == [], "server children outlived it"
 
 
-def _start_server(tmp_path_factory, name: str, extra_args=()) -> VllmServer:
+def _start_server(tmp_path_factory, name: str, extra_args=(), env=None) -> VllmServer:
     from specdec_plugin.models import fetch_smollm2
 
     log = tmp_path_factory.mktemp(name) / "server.log"
-    server = VllmServer(str(fetch_smollm2()), extra_args, log_path=log).start()
+    server = VllmServer(str(fetch_smollm2()), extra_args, log_path=log, env=env).start()
     try:
         server.wait_ready(STARTUP_TIMEOUT_S)
     except BaseException:
@@ -98,6 +98,16 @@ def _metric_totals(server: VllmServer) -> dict[str, float]:
         if match:
             totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(3))
     return totals
+
+
+def _draft_length_counts(server: VllmServer) -> dict[int, float]:
+    with urllib.request.urlopen(server.base_url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    counts: dict[int, float] = {}
+    for match in re.finditer(r'^vllm:spec_decode_draft_length_total\{[^}]*length="(\d+)"[^}]*\}\s+(\S+)',
+                             text, re.M):
+        counts[int(match.group(1))] = counts.get(int(match.group(1)), 0.0) + float(match.group(2))
+    return counts
 
 
 # --- answers ----------------------------------------------------------------------------------
@@ -253,8 +263,10 @@ def test_sigterm_shuts_down_cleanly(server):
 def test_ngram_speculative_server_answers_greedily(tmp_path_factory, smollm2_path):
     from tests.hf_reference import hf_greedy_token_ids, tokenize
 
+    # With the adaptive draft-length controller, as users get it by default.
     srv = _start_server(tmp_path_factory, "serve_ngram",
-                        ["--speculative-config", json.dumps(NGRAM_SPEC_CONFIG)])
+                        ["--speculative-config", json.dumps(NGRAM_SPEC_CONFIG)],
+                        env={"SPECDEC_ADAPTIVE": "1"})
     try:
         client = _client(srv)
         resp = client.completions.create(model=srv.model, prompt=CAPITAL_PROMPT,
@@ -273,6 +285,13 @@ def test_ngram_speculative_server_answers_greedily(tmp_path_factory, smollm2_pat
         assert metrics.get("vllm:spec_decode_num_draft_tokens_total", 0) > 0, \
             "no draft tokens proposed: speculative decoding did not run"
         assert metrics.get("vllm:spec_decode_num_accepted_tokens_total", 0) > 0
+        # The chosen draft lengths: every verified draft is counted under its length, and the
+        # steps without one under length 0.
+        lengths = _draft_length_counts(srv)
+        assert sum(c for length, c in lengths.items() if length > 0) == \
+            metrics["vllm:spec_decode_num_drafts_total"], lengths
+        assert lengths.get(0, 0) > 0, lengths
+        assert "adaptive drafting on" in srv.log_tail(100000)
     finally:
         if srv.process.poll() is None:
             _assert_stopped_cleanly(srv)

@@ -32,6 +32,9 @@ class DeviceLayer:
     # memory is not pre-allocated that only costs time (a full-vocabulary sort per row on CPU),
     # so it may be capped. None: vLLM's size.
     sampler_warmup_max_rows: ClassVar[int | None] = None
+    # Seconds the engine start may spend timing forward passes for the adaptive draft-length
+    # controller's cost table (adaptive/measure.py); past it the table is extrapolated.
+    step_cost_budget_s: ClassVar[float] = 4.0
     # Environment defaults for the engine and worker processes vLLM starts (set in the user's
     # process before they start; a value the user set wins).
     process_env: ClassVar[dict[str, str]] = {}

@@ -170,14 +170,19 @@ class DrafterGraphs:
     def _graph_key(self, call: _ProposeCall) -> tuple | None:
         kw = call.kwargs
         k, cad = kw["num_speculative_tokens"], kw["common_attn_metadata"]
-        if (self._graph_device is None or k < 1 or kw["mm_embed_inputs"] is not None
+        # k == 0 is recorded too: the adaptive controller's plain steps still run the drafter's
+        # pass over the new tokens, which keeps its KV cache in sync.
+        if (self._graph_device is None or k < 0 or kw["mm_embed_inputs"] is not None
                 or self.parallel_drafting or self.uses_mrope or self.uses_xdrope_dim > 0
                 or getattr(self, "use_heterogeneous_vocab", False)
                 or self.eplb_state is not None or self._share_mtp_indices
                 or (self._enable_probabilistic_draft_probs
                     and not kw["sampling_metadata"].all_greedy)
                 or kw["target_positions"].dim() != 1
-                or cad.max_query_len > 1 + k or cad.causal is not True
+                # Decode-sized queries only (prefills draft eagerly). The bound is the configured
+                # K: with adaptive drafting the verified step may have drafted more than this one.
+                or cad.max_query_len > 1 + self.speculative_config.num_speculative_tokens
+                or cad.causal is not True
                 or cad.dcp_local_seq_lens is not None or cad.encoder_seq_lens is not None
                 or cad.rswa_prefix_lens is not None or cad.logits_indices_padded is not None):
             return None

@@ -28,7 +28,7 @@ class SpecDecNgramProposer(NgramProposer):
         rows = [i for i, sampled in enumerate(sampled_token_ids)
                 if sampled and num_tokens_no_spec[i] < self.max_model_len]
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
-        if rows:
+        if rows and num_speculative_tokens > 0:  # 0: the adaptive controller's plain step
             found = ngram_propose_batch(token_ids_cpu, num_tokens_no_spec, rows, self.min_n,
                                         self.max_n, num_speculative_tokens, self.max_model_len)
             for row, draft in zip(rows, found):

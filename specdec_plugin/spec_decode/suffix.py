@@ -47,6 +47,9 @@ class SpecDecSuffixProposer(SuffixDecodingProposer):
             if not self.index.has_request(req_id):
                 self._start(req_id, row, input_batch, num_tokens, len(sampled))
             self.index.add_tokens(req_id, sampled)
+            if num_speculative_tokens <= 0:  # the adaptive controller's plain step: index only
+                drafts.append([])
+                continue
             start = max(0, num_tokens - self.max_tree_depth)
             draft = self.index.speculate(
                 req_id, input_batch.token_ids_cpu[row, start:num_tokens],

@@ -11,10 +11,12 @@ from vllm.config import VllmConfig
 from vllm.platforms import current_platform
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+from specdec_plugin.adaptive.graphs import AdaptiveGraphsMixin
+
 from specdec_plugin.spec_decode.rejection_sampler import SpecDecRejectionSampler
 
 
-class SpecDecModelRunner(GPUModelRunner):
+class SpecDecModelRunner(AdaptiveGraphsMixin, GPUModelRunner):
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
         super().__init__(vllm_config, device)
         self.device_layer = current_platform.device

@@ -74,3 +74,13 @@ class SpecDecWorker(Worker):
         budget = self.cache_config.kv_cache_memory_bytes or envs.cpu_kv_cache_bytes()
         logger.info("specdec_plugin: KV cache budget on %s: %s GiB", self.device_layer.name, format_gib(budget))
         return int(budget)
+
+    def compile_or_warm_up_model(self):
+        result = super().compile_or_warm_up_model()
+        # Graphs are captured by now: time them for the adaptive draft-length controller.
+        from specdec_plugin.adaptive.measure import measure_and_publish
+
+        layer = self.device_layer
+        measure_and_publish(self.model_runner, self.vllm_config, self.rank,
+                            layer.step_cost_budget_s, layer.synchronize)
+        return result

@@ -1,0 +1,58 @@
+"""Whether the adaptive controller runs for an engine, decided once from the engine config.
+
+It runs for every method that drafts one request at a time (n-gram, suffix, draft model,
+EAGLE, EAGLE-3, MTP) unless the user turned it off (``SPECDEC_ADAPTIVE=0``), gave vLLM's own
+batch-size schedule (``num_speculative_tokens_per_batch_size``: theirs wins), chose their own
+scheduler class, or runs data parallel (ranks must agree on each step's draft length, and
+vLLM's own dynamic schedule is refused there for the same reason).
+"""
+from __future__ import annotations
+
+from specdec_plugin import envs
+from specdec_plugin.log import init_logger
+
+logger = init_logger(__name__)
+
+ADAPTIVE_METHODS = frozenset({"ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp"})
+
+_SCHEDULERS = {
+    False: "specdec_plugin.adaptive.scheduler.AdaptiveScheduler",
+    True: "specdec_plugin.adaptive.scheduler.AdaptiveAsyncScheduler",
+}
+
+
+def why_not_adaptive(vllm_config) -> str | None:
+    spec = vllm_config.speculative_config
+    if spec is None or not spec.num_speculative_tokens:
+        return "no speculative decoding"
+    if not envs.adaptive_drafting():
+        return "SPECDEC_ADAPTIVE=0"
+    if spec.method not in ADAPTIVE_METHODS:
+        return f"method {spec.method!r} is not adaptive"
+    if spec.num_speculative_tokens_per_batch_size is not None:
+        return "num_speculative_tokens_per_batch_size is set"
+    if spec.parallel_drafting:
+        return "parallel drafting"
+    if vllm_config.parallel_config.data_parallel_size > 1:
+        return "data parallel ranks must agree on every draft length"
+    scheduler_cls = vllm_config.scheduler_config.scheduler_cls
+    if scheduler_cls is not None and scheduler_cls not in _SCHEDULERS.values():
+        return f"a custom scheduler_cls ({scheduler_cls})"
+    return None
+
+
+def adaptive_enabled(vllm_config) -> bool:
+    """Decided once, in the process that built the config (``apply_adaptive``), and carried
+    to the engine and worker processes by the config itself."""
+    return vllm_config.scheduler_config.scheduler_cls in _SCHEDULERS.values()
+
+
+def apply_adaptive(vllm_config) -> None:
+    """Install the adaptive scheduler (idempotent: workers rebuild the config)."""
+    reason = why_not_adaptive(vllm_config)
+    if reason is not None:
+        if vllm_config.speculative_config is not None and reason != "no speculative decoding":
+            logger.info("specdec_plugin: adaptive drafting off (%s)", reason)
+        return
+    scheduler = vllm_config.scheduler_config
+    scheduler.scheduler_cls = _SCHEDULERS[bool(scheduler.async_scheduling)]

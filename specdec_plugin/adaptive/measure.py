@@ -1,0 +1,141 @@
+"""Time the target's and the drafter's forward passes at engine start, on the device.
+
+Runs in every worker after graph capture (all tensor-parallel ranks run the same passes in
+lockstep, since each pass holds collectives); rank 0 writes the table for the scheduler
+(``handoff.py``). Token counts go up from 1, smallest first (the common decode sizes), until
+the largest verification batch or the time budget is reached; the cost model extrapolates
+past the last point along its slope.
+
+The target is timed through vLLM's own ``_dummy_run`` as a uniform decode batch, which
+replays the captured full graph of that size where one exists (``graphs.py``), with the
+drafter's part of ``_dummy_run`` switched off; the drafter through its own ``dummy_run``, one
+forward pass per call. Wall time after a device synchronisation: what a step costs the engine,
+host work included.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+
+import numpy as np
+
+from specdec_plugin.adaptive.config import adaptive_enabled
+from specdec_plugin.adaptive.cost_model import CostTable
+from specdec_plugin.adaptive.handoff import write_cost_table
+from specdec_plugin.log import init_logger
+
+logger = init_logger(__name__)
+
+REPEATS = 3
+
+
+def token_counts(max_reqs: int, query_len: int, max_tokens: int) -> list[int]:
+    """Powers of two up to the request limit (plain decode batches), then n*(1+K) for powers of
+    two n (verification batches), up to ``max_tokens``."""
+    counts, n = set(), 1
+    while n <= max_reqs:
+        counts.add(n)
+        counts.add(n * query_len)
+        n *= 2
+    counts.add(min(max_reqs, max_tokens // query_len) * query_len)
+    return sorted(c for c in counts if 0 < c <= max_tokens)
+
+
+@contextlib.contextmanager
+def _without_drafter_pass(runner):
+    drafter = getattr(runner, "drafter", None)
+    if drafter is None or not hasattr(drafter, "dummy_run"):
+        yield
+        return
+    drafter.dummy_run = lambda *args, **kwargs: None  # instance attribute shadows the method
+    try:
+        yield
+    finally:
+        del drafter.dummy_run
+
+
+@contextlib.contextmanager
+def _one_drafter_pass(drafter):
+    saved = drafter.num_speculative_tokens
+    drafter.num_speculative_tokens = 1
+    try:
+        yield
+    finally:
+        drafter.num_speculative_tokens = saved
+
+
+def _median_seconds(fn, sync) -> float:
+    fn()  # warm-up: the first use of a size may compile or allocate
+    sync()
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_cost_table(run_target, run_drafter, counts: list[int], budget_s: float,
+                       sync) -> CostTable:
+    measured, target_s, drafter_s = [], [], []
+    started = time.perf_counter()
+    for t in counts:
+        target_s.append(_median_seconds(lambda: run_target(t), sync))
+        if run_drafter is not None:
+            drafter_s.append(_median_seconds(lambda: run_drafter(t), sync))
+        measured.append(t)
+        if time.perf_counter() - started > budget_s:
+            break
+    # More tokens never take less time; a noisy point (another process on the core, a clock
+    # change) must not make a longer draft look free, so each time is raised to the largest
+    # time measured at fewer tokens.
+    target_s = list(np.maximum.accumulate(target_s))
+    drafter_s = list(np.maximum.accumulate(drafter_s)) if drafter_s else drafter_s
+    table = CostTable(tuple(measured), tuple(target_s),
+                      tuple(drafter_s) if run_drafter is not None else None,
+                      drafter_syncs_at_zero=run_drafter is not None)
+    logger.info("specdec_plugin: step costs measured in %.1f s (tokens:ms) target %s%s",
+                time.perf_counter() - started,
+                " ".join(f"{c}:{s * 1e3:.2f}" for c, s in zip(measured, target_s)),
+                "" if run_drafter is None else "; drafter pass " + " ".join(
+                    f"{c}:{s * 1e3:.2f}" for c, s in zip(measured, drafter_s)))
+    return table
+
+
+def measure_and_publish(runner, vllm_config, rank: int, budget_s: float, sync) -> None:
+    """Called by the worker once graphs are captured."""
+    if not adaptive_enabled(vllm_config):
+        return
+    spec = vllm_config.speculative_config
+    query_len = 1 + spec.num_speculative_tokens
+    max_reqs = runner.max_num_reqs
+    graphs = bool(getattr(runner, "_q_dispatchers", None))
+
+    def run_target(t: int) -> None:
+        with _without_drafter_pass(runner):
+            if graphs and t <= max_reqs:
+                with runner.adaptive_graph_context(1):
+                    runner._dummy_run(t, uniform_decode=True)
+            elif graphs and t % query_len == 0:
+                runner._dummy_run(t, uniform_decode=True)
+            else:
+                runner._dummy_run(t)
+
+    run_drafter = None
+    drafter = getattr(runner, "drafter", None)
+    if (spec.use_eagle() or spec.uses_draft_model()) and hasattr(drafter, "dummy_run"):
+        def run_drafter(t: int) -> None:
+            with _one_drafter_pass(drafter):
+                drafter.dummy_run(t)
+
+    counts = token_counts(max_reqs, query_len, runner.max_num_tokens)
+    try:
+        table = measure_cost_table(run_target, run_drafter, counts, budget_s, sync)
+    except Exception as exc:  # never fail engine start over a measurement
+        logger.warning("specdec_plugin: step-cost measurement failed (%s: %s); adaptive "
+                       "drafting uses a fallback cost model", type(exc).__name__, exc)
+        return
+    if rank == 0:
+        write_cost_table(vllm_config, table.to_json())

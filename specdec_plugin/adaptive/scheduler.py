@@ -1,0 +1,84 @@
+"""vLLM's scheduler with the adaptive controller choosing each step's draft length.
+
+vLLM 0.26 already carries a per-step draft length from scheduler to proposer
+(``SchedulerOutput.num_spec_tokens_to_schedule``), filled from a batch-size lookup table
+(``Scheduler.dynamic_sd_lookup``) when the user gives ``num_speculative_tokens_per_batch_size``.
+We put the controller in that table's seat: ``dynamic_sd_lookup[num_reqs]`` asks the
+controller. A non-None lookup also turns off vLLM's padding of new decode requests to 1+K
+tokens, which would be wrong when the step drafts fewer.
+
+The class is chosen through vLLM's ``scheduler_cls`` setting (``config.py``), with vLLM's
+async scheduler as base where async scheduling is on.
+"""
+from __future__ import annotations
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from specdec_plugin.adaptive.controller import DraftLengthController
+from specdec_plugin.adaptive.cost_model import CostTable, fallback_table
+from specdec_plugin.adaptive.handoff import read_cost_table
+from specdec_plugin.log import init_logger
+
+logger = init_logger(__name__)
+
+
+class _AskController:
+    """Stands in for vLLM's dense batch-size -> K table."""
+
+    def __init__(self, scheduler: "AdaptiveSchedulerMixin"):
+        self._scheduler = scheduler
+
+    def __getitem__(self, num_reqs: int) -> int:
+        return self._scheduler.choose_draft_length()
+
+
+def load_cost_table(vllm_config, has_drafter_model: bool) -> CostTable:
+    text = read_cost_table(vllm_config)
+    if text is not None:
+        try:
+            return CostTable.from_json(text)
+        except (ValueError, TypeError, KeyError) as exc:
+            logger.warning("specdec_plugin: unreadable cost table (%s); using a fallback", exc)
+    else:
+        logger.warning("specdec_plugin: no step costs were measured at start-up; adaptive "
+                       "drafting uses a fallback cost model")
+    return fallback_table(has_drafter_model)
+
+
+class AdaptiveSchedulerMixin:
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        spec = self.vllm_config.speculative_config
+        has_drafter_model = spec.use_eagle() or spec.uses_draft_model()
+        cost = load_cost_table(self.vllm_config, has_drafter_model)
+        self.draft_controller = DraftLengthController(self.num_spec_tokens, cost)
+        self.dynamic_sd_lookup = _AskController(self)
+        logger.info("specdec_plugin: adaptive drafting on (K=%d, lengths %s, %s step costs); "
+                    "SPECDEC_ADAPTIVE=0 turns it off", self.num_spec_tokens,
+                    list(self.draft_controller.allowed), cost.source)
+
+    def choose_draft_length(self) -> int:
+        return self.draft_controller.choose([req.request_id for req in self.running])
+
+    def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                                 num_invalid_spec_tokens, request_id):
+        drafted = num_draft_tokens
+        if num_invalid_spec_tokens:
+            drafted -= num_invalid_spec_tokens.get(request_id, 0)
+        self.draft_controller.observe(request_id, drafted, num_accepted_tokens)
+        return super().make_spec_decoding_stats(spec_decoding_stats, num_draft_tokens,
+                                                num_accepted_tokens, num_invalid_spec_tokens,
+                                                request_id)
+
+    def _free_request(self, request, *args, **kwargs):
+        self.draft_controller.forget(request.request_id)
+        return super()._free_request(request, *args, **kwargs)
+
+
+class AdaptiveScheduler(AdaptiveSchedulerMixin, Scheduler):
+    pass
+
+
+class AdaptiveAsyncScheduler(AdaptiveSchedulerMixin, AsyncScheduler):
+    pass

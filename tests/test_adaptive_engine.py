@@ -1,0 +1,73 @@
+"""The adaptive draft-length controller in a real engine (SmolLM2, fp32, CPU): lossless for
+every method, off when drafts never land, all K when they always do."""
+from __future__ import annotations
+
+import pytest
+
+from tests.engine_pool import counter_delta, counters
+from tests.prompts import SPEC_PROMPTS
+from tests.spec_configs import K, spec_config, target_for
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = 40
+PROMPTS = SPEC_PROMPTS[6:14]  # prose, code and self-repeating text
+
+
+def _greedy(llm, prompts=PROMPTS, max_tokens=MAX_TOKENS):
+    from vllm import SamplingParams
+
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def _run(engines, target, spec):
+    llm = engines.get(target, metrics=True, adaptive=True, enable_prefix_caching=False,
+                      disable_log_stats=False, speculative_config=spec)
+    before = counters(llm)
+    got = _greedy(llm)
+    after = counters(llm)
+    delta = {name: counter_delta(before, after, name) for name in after}
+    return got, delta
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp"])
+def test_adaptive_greedy_output_equals_no_speculation(engines, smollm2_path, method):
+    target = target_for(method, smollm2_path)
+    baseline = _greedy(engines.get(target, enable_prefix_caching=False))
+    got, delta = _run(engines, target, spec_config(method, smollm2_path))
+    # fp32 on CPU: the same tokens exactly (this subset of prompts has no near-tie; the full
+    # set is checked with the tie rule in test_spec_decode_greedy.py).
+    assert got == baseline
+    assert delta.get("vllm:spec_decode_num_drafts", 0) > 0, delta
+
+
+def _synthetic(length: float) -> dict:
+    return {**spec_config("eagle3", ""), "rejection_sample_method": "synthetic",
+            "synthetic_acceptance_length": length}
+
+
+def test_controller_stops_drafting_when_no_draft_lands(engines, smollm2_path):
+    # Acceptance length 1.0: every draft token is rejected.
+    got, delta = _run(engines, smollm2_path, _synthetic(1.0))
+    assert got == _greedy(engines.get(smollm2_path, enable_prefix_caching=False))
+    request_steps = len(PROMPTS) * MAX_TOKENS  # one token per request-step when nothing lands
+    drafts = delta["vllm:spec_decode_num_drafts"]
+    assert delta["vllm:spec_decode_num_accepted_tokens"] == 0
+    # A few optimistic steps at the start and one-token probes; without the controller every
+    # request-step after the prefill drafts K tokens.
+    assert 0 < drafts <= 0.2 * request_steps, delta
+    assert delta["vllm:spec_decode_num_draft_tokens"] < 0.2 * K * request_steps, delta
+
+
+def test_controller_drafts_k_when_every_draft_lands(engines, smollm2_path):
+    # Acceptance length K+1: every draft token is accepted (whatever it is: synthetic
+    # acceptance measures the machinery, and its output is not the target's).
+    _, delta = _run(engines, smollm2_path, _synthetic(K + 1.0))
+    drafts = delta["vllm:spec_decode_num_drafts"]
+    per_pos = delta["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    assert delta["vllm:spec_decode_num_accepted_tokens"] == delta["vllm:spec_decode_num_draft_tokens"]
+    # Every draft has K tokens, except each request's last, which vLLM cuts to max_tokens.
+    assert per_pos[0] == drafts and per_pos[K - 1] >= drafts - len(PROMPTS), delta
+    # Each request: one prefill step, then steps of K+1 tokens.
+    assert drafts >= len(PROMPTS) * ((MAX_TOKENS - 1) // (K + 1) - 1), delta
