@@ -8,6 +8,7 @@ per-position acceptance at each batch size, and the ratio ours/native.
 
     python benchmarks/bench_gpu_side_by_side.py --out results/ [--model llama7b-random]
         [--methods none,draft_model,eagle,eagle3,ngram,suffix] [--batches 1,16]
+        [--backends native,ours,ours-static]
 
 Models:
 - ``llama7b-random``: the random 7.24B Llama of ../shared/notes/native-baseline.md with random
@@ -86,6 +87,14 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--acceptance-length", type=float, default=3.0)
 
 
+# What each --backends entry runs: the engine_runner backend and extra environment.
+BACKENDS = {
+    "native": ("native", {}),
+    "ours": ("ours", {}),  # adaptive drafting on, as users get it
+    "ours-static": ("ours", {"SPECDEC_ADAPTIVE": "0"}),  # K drafts every step, as vLLM does
+}
+
+
 def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> dict:
     engine = {"dtype": "bfloat16", "max_model_len": args.max_model_len,
               "max_num_seqs": max(args.batches), "gpu_memory_utilization": 0.85,
@@ -94,25 +103,41 @@ def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> 
         engine["speculative_config"] = spec
     if args.jit_verbose:
         engine["jit_monitor_verbose"] = True  # log every Triton compile, not one per kernel
-    job = {"backend": backend, "model": target, "engine": engine, "max_tokens": args.max_tokens,
-           "batches": args.batches, "repeats": args.repeats, "warmups": args.warmups}
+    runner_backend, env = BACKENDS[backend]
+    job = {"backend": runner_backend, "model": target, "engine": engine,
+           "max_tokens": args.max_tokens, "batches": args.batches, "repeats": args.repeats,
+           "warmups": args.warmups, "env": dict(env)}
     job.update({k: v for k, v in workload.items() if k in ("prompts", "prompt_token_ids")})
     if backend == "native" and args.native_runner == "v1":
-        job["env"] = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+        job["env"]["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     return job
 
 
-def _row(method: str, batch: str, native: dict, ours: dict) -> dict:
+def _row(method: str, batch: str, results: dict[str, dict]) -> dict:
     row = {"method": method, "batch": int(batch)}
-    for name, result in (("native", native), ("ours", ours)):
+    for backend, result in results.items():
+        name = backend.replace("-", "_")
         entry = result.get("batches", {}).get(batch, {})
         row[f"{name}_ms_per_token"] = entry.get("ms_per_token")
         row[f"{name}_tokens_per_s"] = entry.get("tokens_per_s")
         row[f"{name}_acceptance_length"] = entry.get("acceptance_length")
         row[f"{name}_acceptance_per_position"] = entry.get("acceptance_per_position")
-    if row["native_ms_per_token"] and row["ours_ms_per_token"]:
+    if row.get("native_ms_per_token") and row.get("ours_ms_per_token"):
         row["ratio_ms_per_token"] = row["ours_ms_per_token"] / row["native_ms_per_token"]
+    if row.get("ours_static_ms_per_token") and row.get("ours_ms_per_token"):
+        row["ratio_adaptive_vs_static"] = row["ours_ms_per_token"] / row["ours_static_ms_per_token"]
     return row
+
+
+def _add_ratios_to_plain(rows: list[dict]) -> None:
+    """ms/token of each speculative row over our own no-speculation row at the same batch
+    (issue 11's bar: speculation that never costs)."""
+    plain = {r["batch"]: r.get("ours_ms_per_token") for r in rows if r["method"] == "none"}
+    for r in rows:
+        for name in ("ours", "ours_static", "native"):
+            value, base = r.get(f"{name}_ms_per_token"), plain.get(r["batch"])
+            if value and base:
+                r[f"{name}_vs_our_plain"] = value / base
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -120,12 +145,12 @@ def _print_table(rows: list[dict]) -> None:
         return "-" if value is None else format(value, spec)
 
     print(f"{'method':<12}{'batch':>6}{'native ms/tok':>15}{'ours ms/tok':>13}{'ratio':>8}"
-          f"{'native tok/s':>14}{'ours tok/s':>12}{'native AL':>11}{'ours AL':>9}")
+          f"{'static ms/tok':>15}{'vs plain':>10}{'native AL':>11}{'ours AL':>9}")
     for r in rows:
-        print(f"{r['method']:<12}{r['batch']:>6}{fmt(r['native_ms_per_token']):>15}"
-              f"{fmt(r['ours_ms_per_token']):>13}{fmt(r.get('ratio_ms_per_token'), '.3f'):>8}"
-              f"{fmt(r['native_tokens_per_s'], '.1f'):>14}{fmt(r['ours_tokens_per_s'], '.1f'):>12}"
-              f"{fmt(r['native_acceptance_length']):>11}{fmt(r['ours_acceptance_length']):>9}")
+        print(f"{r['method']:<12}{r['batch']:>6}{fmt(r.get('native_ms_per_token')):>15}"
+              f"{fmt(r.get('ours_ms_per_token')):>13}{fmt(r.get('ratio_ms_per_token'), '.3f'):>8}"
+              f"{fmt(r.get('ours_static_ms_per_token')):>15}{fmt(r.get('ours_vs_our_plain'), '.3f'):>10}"
+              f"{fmt(r.get('native_acceptance_length')):>11}{fmt(r.get('ours_acceptance_length')):>9}")
 
 
 def _chart(rows: list[dict], path: Path, title: str) -> None:
@@ -139,8 +164,13 @@ def _chart(rows: list[dict], path: Path, title: str) -> None:
     for ax, batch in zip(axes[0], batches):
         sub = [r for r in rows if r["batch"] == batch]
         x = range(len(sub))
-        ax.bar([i - 0.2 for i in x], [r["native_ms_per_token"] or 0 for r in sub], 0.4, label="vLLM native")
-        ax.bar([i + 0.2 for i in x], [r["ours_ms_per_token"] or 0 for r in sub], 0.4, label="specdec_plugin")
+        series = [(name, label) for name, label in (
+            ("native", "vLLM native"), ("ours", "specdec_plugin"),
+            ("ours_static", "specdec_plugin, K every step")) if any(f"{name}_ms_per_token" in r for r in sub)]
+        width = 0.8 / len(series)
+        for j, (name, label) in enumerate(series):
+            ax.bar([i - 0.4 + width * (j + 0.5) for i in x],
+                   [r.get(f"{name}_ms_per_token") or 0 for r in sub], width, label=label)
         ax.set_xticks(list(x), [r["method"] for r in sub], rotation=20)
         ax.set_ylabel("ms per token (lower is better)")
         ax.set_title(f"batch {batch}")
@@ -167,6 +197,9 @@ def main() -> None:
                              "decoding in 0.26, drafter in full graphs) or V1, the runner our "
                              "platform uses (drafter in piecewise graphs): v1 compares kernels "
                              "and launches on the same runner")
+    parser.add_argument("--backends", default="native,ours",
+                        help="comma list of " + ", ".join(BACKENDS) + " (ours-static: our plugin "
+                             "with adaptive drafting off, SPECDEC_ADAPTIVE=0)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "
                              "run_clock_windows) to tell a slow timed run's cause")
@@ -184,7 +217,8 @@ def main() -> None:
     log = str(out / "engines.log")
     for method in args.methods.split(","):
         results = {}
-        for backend in ("native", "ours"):
+        backends = args.backends.split(",")
+        for backend in (b for b in backends if specs[method] is not None or b != "ours-static"):
             job = _job(backend, target, specs[method], workload, args)
             t0 = time.perf_counter()
             results[backend] = run_in_subprocess(job, log_path=log)
@@ -195,7 +229,8 @@ def main() -> None:
                   flush=True)
             (out / "side_by_side.json").write_text(json.dumps(report, indent=1))
         for batch in map(str, args.batches):
-            report["rows"].append(_row(method, batch, results["native"], results["ours"]))
+            report["rows"].append(_row(method, batch, results))
+        _add_ratios_to_plain(report["rows"])
         (out / "side_by_side.json").write_text(json.dumps(report, indent=1))
     _print_table(report["rows"])
     _chart(report["rows"], out / "side_by_side.png",
