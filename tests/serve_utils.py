@@ -4,7 +4,12 @@ answers ``/health``, stop it with a signal and report how it ended.
 - ``free_loopback_port() -> int``: a port on 127.0.0.1 nothing listens on right now.
 - ``port_is_listening(port, host="127.0.0.1") -> bool``.
 - ``VllmServer(model, extra_args=(), log_path=..., env=None)``: ``start()``,
-  ``wait_ready(timeout_s)``, ``base_url``, ``log_tail(lines)``, ``stop(timeout_s) -> int``.
+  ``wait_ready(timeout_s)``, ``base_url``, ``log_tail(lines)``, ``stop(timeout_s) -> int``,
+  ``process_tree()`` (the server and every descendant, as psutil processes).
+- ``started_server(model, extra_args, log_path, env=None, timeout_s=300) -> VllmServer``:
+  started and healthy, or killed with the log tail in the error.
+- ``metric_totals(base_url) -> dict``: every ``vllm:`` Prometheus sample summed over its labels.
+- ``still_running(processes, timeout_s) -> list``: those of ``processes`` alive after waiting.
 
 The server's stdout and stderr go to a log file, never to a pipe: an unread pipe fills up and
 stalls the server, and on failure the log tail is what explains it.
@@ -12,6 +17,7 @@ stalls the server, and on failure the log tail is what explains it.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -34,6 +40,34 @@ def port_is_listening(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(1.0)
         return sock.connect_ex((host, port)) == 0
+
+
+def metric_totals(base_url: str) -> dict[str, float]:
+    """Every ``vllm:`` sample of ``/metrics`` summed over its labels, by metric name."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        match = re.match(r"^(vllm:[A-Za-z0-9_:]+)(\{[^}]*\})?\s+(\S+)", line)
+        if match:
+            totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(3))
+    return totals
+
+
+def still_running(processes: list, timeout_s: float = 10.0) -> list:
+    """Those of ``processes`` (psutil) still alive after up to ``timeout_s``. psutil compares
+    start times, so a recycled pid does not count as a survivor."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    survivors = []
+    for proc in alive:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                survivors.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return survivors
 
 
 class ServerStartError(RuntimeError):
@@ -141,6 +175,19 @@ class VllmServer:
             pass
         self.process.wait(timeout=30)
 
+    def process_tree(self) -> list:
+        """The server and all its descendants now (psutil processes): unlike the process group,
+        this also finds a child that started a session of its own."""
+        import psutil
+
+        if self.process is None or self.process.poll() is not None:
+            return []
+        try:
+            root = psutil.Process(self.process.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
     def children_alive(self) -> list[int]:
         """Pids still in the server's process group (the engine core runs there too)."""
         if self.process is None:
@@ -155,3 +202,14 @@ class VllmServer:
             except (ProcessLookupError, PermissionError):
                 continue
         return alive
+
+
+def started_server(model: str, extra_args=(), *, log_path: str | os.PathLike,
+                   env: dict[str, str] | None = None, timeout_s: float = 300.0) -> VllmServer:
+    server = VllmServer(model, extra_args, log_path=log_path, env=env).start()
+    try:
+        server.wait_ready(timeout_s)
+    except BaseException:
+        server.kill()
+        raise
+    return server
