@@ -33,6 +33,33 @@ def _decode_request_counts(sizes: list[int], query_len: int) -> list[int]:
     return sorted({s // query_len for s in sizes if s % query_len == 0})
 
 
+def query_len_dispatchers(vllm_config, mode, k: int, max_num_tokens: int) -> dict[int, CudagraphDispatcher]:
+    """One dispatcher per query length q = 1..K, holding only the uniform full decode keys at
+    n*q tokens for the request counts n of vLLM's own (1+K)-token decode graphs."""
+    base = vllm_config.compilation_config
+    counts = _decode_request_counts(base.cudagraph_capture_sizes, 1 + k)
+    dispatchers = {}
+    for q in range(1, 1 + k):
+        sizes = [n * q for n in counts if n * q <= max_num_tokens]
+        if not sizes:
+            continue
+        compilation = copy.copy(base)
+        compilation.cudagraph_capture_sizes = sizes
+        compilation.max_cudagraph_capture_size = sizes[-1]
+        dispatcher = CudagraphDispatcher(vllm_config)
+        dispatcher.compilation_config = compilation
+        # vLLM's dispatcher pads by the query length it read from the config (1+K) at
+        # construction, not by the one initialize_cudagraph_keys is given.
+        dispatcher.uniform_decode_query_len = q
+        dispatcher.initialize_cudagraph_keys(mode, q)
+        # Only the uniform full decode graphs are new; mixed batches stay with vLLM's keys.
+        dispatcher.cudagraph_keys[CUDAGraphMode.PIECEWISE].clear()
+        dispatcher.cudagraph_keys[CUDAGraphMode.FULL] = {
+            d for d in dispatcher.cudagraph_keys[CUDAGraphMode.FULL] if d.uniform}
+        dispatchers[q] = dispatcher
+    return dispatchers
+
+
 class AdaptiveGraphsMixin:
     """Mixed into the model runner (a vLLM ``GPUModelRunner``)."""
 
@@ -50,22 +77,7 @@ class AdaptiveGraphsMixin:
                 or mode.decode_mode() != CUDAGraphMode.FULL or not mode.separate_routine()):
             return
         main = self.cudagraph_dispatcher
-        counts = _decode_request_counts(self.compilation_config.cudagraph_capture_sizes, 1 + k)
-        for q in range(1, 1 + k):
-            compilation = copy.copy(self.compilation_config)
-            sizes = [n * q for n in counts if n * q <= self.max_num_tokens]
-            if not sizes:
-                continue
-            compilation.cudagraph_capture_sizes = sizes
-            compilation.max_cudagraph_capture_size = sizes[-1]
-            dispatcher = CudagraphDispatcher(self.vllm_config)
-            dispatcher.compilation_config = compilation
-            dispatcher.initialize_cudagraph_keys(mode, q)
-            # Only the uniform full decode graphs are new; mixed batches stay with vLLM's keys.
-            dispatcher.cudagraph_keys[CUDAGraphMode.PIECEWISE].clear()
-            dispatcher.cudagraph_keys[CUDAGraphMode.FULL] = {
-                d for d in dispatcher.cudagraph_keys[CUDAGraphMode.FULL] if d.uniform}
-            self._q_dispatchers[q] = dispatcher
+        self._q_dispatchers = query_len_dispatchers(self.vllm_config, mode, k, self.max_num_tokens)
         extra = self._q_dispatchers
 
         def all_capture_descs():

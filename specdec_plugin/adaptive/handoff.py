@@ -14,7 +14,8 @@ from pathlib import Path
 
 
 def cost_table_path(vllm_config) -> Path:
-    folder = Path(tempfile.gettempdir()) / "specdec_plugin"
+    # Not "specdec_plugin": a script run from the temp folder would import that as our package.
+    folder = Path(tempfile.gettempdir()) / "specdec_plugin_costs"
     return folder / f"costs-{vllm_config.instance_id or 'default'}.json"
 
 
