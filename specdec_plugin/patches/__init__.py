@@ -11,11 +11,13 @@ P1 kernel warm-up (``vllm.v1.worker.gpu_worker.kernel_warmup``)
    What: our warm-up, which warms the block-table slot-mapping kernel (all our runner needs).
    When it can go: when vLLM lets a platform choose its warm-up, or guards those imports.
 
-P2 vLLM's Triton kernels on the V1 path (``specdec_plugin.patches.vllm_kernels.TABLE``)
+P2 vLLM's Triton kernels of EAGLE/MTP input prep and slot mapping (``patches/vllm_kernels.py``)
    Why: without a Triton driver (CPU) vLLM's ``@triton.jit`` is a placeholder and
    ``kernel[grid](...)`` raises TypeError; on GPUs we want our own kernels everywhere.
-   What: the module attributes listed in the table are replaced by adapters that accept
-   vLLM's launch syntax and call our kernel (torch reference or our Triton one).
+   What: the module attributes listed by ``ops/spec_prep/vllm_shims.py`` are replaced by
+   adapters that accept vLLM's launch syntax and call our kernel (torch or our Triton one).
+   The rejection sampler is not patched here: the runner replaces vLLM's sampler object with
+   ``spec_decode/rejection_sampler.py`` (one path), so vLLM's rejection kernels never launch.
    When it can go: when vLLM dispatches these kernels through the platform (as it does for
    attention) or exposes them as CustomOps.
 

@@ -13,7 +13,6 @@ from vllm.platforms import current_platform
 # Kernel packages whose vLLM adapters are installed.
 SHIM_MODULES = (
     "specdec_plugin.ops.spec_prep.vllm_shims",  # block-table slot mapping, EAGLE/MTP input prep
-    "specdec_plugin.ops.rejection.vllm_shims",  # rejection sampling
 )
 
 

@@ -7,10 +7,7 @@ that every provider writes exactly the same elements.
 """
 from __future__ import annotations
 
-import ast
-import importlib.util
 import os
-import tempfile
 
 import pytest
 import torch
@@ -22,36 +19,11 @@ triton = pytest.importorskip("triton")
 
 from specdec_plugin.ops.rejection import reference as ref  # noqa: E402
 from specdec_plugin.ops.rejection import triton as tri  # noqa: E402
-from specdec_plugin.ops.rejection.vllm_shims import shim_table  # noqa: E402
+from tests.vllm_kernels import load_vllm_kernels  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SENTINEL = -7
 VOCAB = 37
-
-
-def load_vllm_kernels(relpath: str, names: list[str]):
-    """vLLM's kernels compiled by the real ``triton.jit`` (vLLM itself swaps in a placeholder
-    when Triton has no driver): their source is cut out of the installed file and re-imported."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None:
-        pytest.skip("vllm not installed")
-    path = os.path.join(spec.submodule_search_locations[0], relpath)
-    text = open(path).read()
-    lines = text.splitlines()
-    chunks = []
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.FunctionDef) and node.name in names:
-            first = min([d.lineno for d in node.decorator_list] + [node.lineno])
-            chunks.append("\n".join(lines[first - 1 : node.end_lineno]))
-    assert len(chunks) == len(names), f"missing kernels in {relpath}"
-    tmp = tempfile.mkdtemp(prefix="vllm_kernels_")
-    mod_path = os.path.join(tmp, "vllm_kernels_" + "_".join(sorted(names))[:40] + ".py")
-    with open(mod_path, "w") as f:
-        f.write("import triton\nimport triton.language as tl\n\n" + "\n\n".join(chunks) + "\n")
-    mspec = importlib.util.spec_from_file_location(os.path.basename(mod_path)[:-3], mod_path)
-    module = importlib.util.module_from_spec(mspec)
-    mspec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -232,39 +204,3 @@ def test_expand_kernel(vllm_k, dtype):
     expected = torch.tensor([1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 7]).to(dtype)
     assert torch.equal(outs[0], expected) and torch.equal(outs[1], expected)
     assert torch.equal(vout.cpu(), expected)
-
-
-def test_vllm_shims_forward_vllm_launches():
-    """The shims accept vLLM's launch syntax and arguments and produce the reference result."""
-    shims = {sym: s for (_, sym), s in shim_table(("torch",)).items()}
-    b = make_batch(21)
-    batch = len(b["counts"])
-    out = poisoned(b)
-    shims["rejection_greedy_sample_kernel"][(batch,)](
-        out, b["cu"], b["draft"], b["target_argmax"], b["bonus"], b["is_greedy"],
-        b["max_spec_len"], None, None, SYNTHETIC_MODE=False, num_warps=1,
-    )
-    shims["rejection_random_sample_kernel"][(batch,)](
-        out, b["cu"], b["draft"], b["draft_probs"], b["target_probs"], b["bonus"],
-        b["recovered"], b["uniform"], b["is_greedy"], b["max_spec_len"], VOCAB, None,
-        NO_DRAFT_PROBS=False, SYNTHETIC_MODE=False,
-    )
-    expected = poisoned(b)
-    ref.rejection_greedy_sample(expected, b["cu"], b["draft"], b["target_argmax"], b["bonus"],
-                                b["is_greedy"], b["max_spec_len"])
-    ref.rejection_random_sample(expected, b["cu"], b["draft"], b["draft_probs"],
-                                b["target_probs"], b["bonus"], b["recovered"], b["uniform"],
-                                b["is_greedy"], b["max_spec_len"])
-    assert torch.equal(out, expected)
-    # Every row got at least its first position: greedy and random rows together cover all.
-    assert all(out[r, 0] != SENTINEL for r in range(batch))
-    rec = torch.full_like(b["draft"], SENTINEL)
-    shims["sample_recovered_tokens_kernel"][(batch, b["max_spec_len"])](
-        rec, b["cu"], b["draft"], None, b["target_probs"], b["inv_q"], VOCAB, 8192,
-        NO_DRAFT_PROBS=True, USE_FP64_GUMBEL=False,
-    )
-    assert (rec >= 0).all()
-    exp = torch.empty_like(b["draft"])
-    shims["expand_kernel"][(batch,)](exp, b["bonus"].view(-1), b["cu"], 0, 0, MAX_NUM_TOKENS=128)
-    assert torch.equal(exp.long(), b["bonus"].view(-1).long().repeat_interleave(
-        torch.tensor(b["counts"], device=DEVICE)))

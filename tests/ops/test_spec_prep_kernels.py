@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 from specdec_plugin.ops.spec_prep import reference as ref  # noqa: E402
 from specdec_plugin.ops.spec_prep import triton as tri  # noqa: E402
 from specdec_plugin.ops.spec_prep.vllm_shims import shim_table  # noqa: E402
-from tests.ops.test_rejection_kernels import load_vllm_kernels  # noqa: E402
+from tests.vllm_kernels import load_vllm_kernels  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SENT = -7
