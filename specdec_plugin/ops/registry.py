@@ -48,7 +48,7 @@ KERNELS: dict[str, dict[str, str]] = {
         "torch": f"{_OPS}.rejection.reference:expand_batch_to_tokens",
         "triton": f"{_OPS}.rejection.triton:expand_batch_to_tokens",
     },
-    # speculative decoding: KV slot mapping and EAGLE/MTP/DFlash input preparation
+    # speculative decoding: KV slot mapping and EAGLE/MTP input preparation
     "compute_slot_mapping": {
         "torch": f"{_OPS}.spec_prep.reference:compute_slot_mapping",
         "triton": f"{_OPS}.spec_prep.triton:compute_slot_mapping",
@@ -68,10 +68,6 @@ KERNELS: dict[str, dict[str, str]] = {
     "copy_and_expand_eagle_inputs": {
         "torch": f"{_OPS}.spec_prep.reference:copy_and_expand_eagle_inputs",
         "triton": f"{_OPS}.spec_prep.triton:copy_and_expand_eagle_inputs",
-    },
-    "copy_and_expand_dflash_inputs": {
-        "torch": f"{_OPS}.spec_prep.reference:copy_and_expand_dflash_inputs",
-        "triton": f"{_OPS}.spec_prep.triton:copy_and_expand_dflash_inputs",
     },
     # model layers: vLLM's RMSNorm / RotaryEmbedding / SiluAndMul (ops/custom_ops.py)
     "rms_norm": {

@@ -30,8 +30,7 @@ def vk():
     utils = load_vllm_kernels(
         "v1/spec_decode/utils.py",
         ["eagle_step_slot_mapping_metadata_kernel", "eagle_prepare_inputs_padded_kernel",
-         "eagle_prepare_next_token_padded_kernel", "copy_and_expand_eagle_inputs_kernel",
-         "copy_and_expand_dflash_inputs_kernel"],
+         "eagle_prepare_next_token_padded_kernel", "copy_and_expand_eagle_inputs_kernel"],
     )
     bt = load_vllm_kernels("v1/worker/block_table.py", ["_compute_slot_mapping_kernel"])
     utils._compute_slot_mapping_kernel = bt._compute_slot_mapping_kernel
@@ -228,47 +227,6 @@ def test_copy_and_expand_eagle_inputs(vk, shift):
     written = total_in + num_reqs * (P - 1 if shift else P)
     assert (out[0][:written] != SENT).all() and (out[0][written:] == SENT).all()
     assert (out[4] != SENT).all() and out[3][:written].any() and out[2][:written].any()
-
-
-@pytest.mark.parametrize("with_rejected", [True, False])
-def test_copy_and_expand_dflash_inputs(vk, with_rejected):
-    g = torch.Generator().manual_seed(8 + with_rejected)
-    num_reqs, S, block, parallel_id = 4, 3, 4, 77
-    Q = S + 1
-    q_lens, qsl = packed_queries(g, num_reqs, 5, min_q=3)
-    total_in = int(qsl[-1])
-    positions = torch.cat([c + torch.arange(q) for c, q in zip(
-        torch.randint(0, 20, (num_reqs,), generator=g), q_lens)]).to(DEV)
-    rejected = torch.randint(0, 3, (num_reqs,), generator=g, dtype=torch.int32).to(DEV)
-    nxt = torch.randint(0, 90, (num_reqs,), generator=g, dtype=torch.int32).to(DEV)
-    table = rand_block_table(g, 6, 12)
-    qsl = qsl.to(DEV)
-
-    def buffers():
-        return [poison(num_reqs * Q, torch.int32), poison(total_in, torch.int64),
-                poison(num_reqs * Q, torch.int64), poison(total_in, torch.int64),
-                poison(num_reqs * Q, torch.int64), poison(num_reqs * S, torch.int32)]
-
-    rej = rejected if with_rejected else None
-    grid = (num_reqs, 2)
-    out = three_ways(
-        lambda *b: ref.copy_and_expand_dflash_inputs(
-            nxt, positions, *b, table, qsl, rej, parallel_id, block, Q, S, total_in, num_reqs),
-        lambda *b: tri.copy_and_expand_dflash_inputs(
-            nxt, positions, *b, table, qsl, rej, parallel_id, block, Q, S, total_in, num_reqs),
-        lambda *b: vk.copy_and_expand_dflash_inputs_kernel[grid](
-            next_token_ids_ptr=nxt, target_positions_ptr=positions, out_input_ids_ptr=b[0],
-            out_context_positions_ptr=b[1], out_query_positions_ptr=b[2],
-            out_context_slot_mapping_ptr=b[3], out_query_slot_mapping_ptr=b[4],
-            out_token_indices_ptr=b[5], block_table_ptr=table,
-            block_table_stride=table.stride(0), query_start_loc_ptr=qsl,
-            num_rejected_tokens_ptr=rejected if with_rejected else 0,
-            parallel_drafting_token_id=parallel_id, block_size=block, num_query_per_req=Q,
-            num_speculative_tokens=S, total_input_tokens=total_in, BLOCK_SIZE=8,
-            HAS_NUM_REJECTED=with_rejected),
-        buffers,
-    )
-    assert all((b != SENT).all() for b in out)
 
 
 def test_vllm_shims_take_vllm_launches():

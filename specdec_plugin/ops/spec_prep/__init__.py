@@ -1,9 +1,9 @@
-"""Input preparation for speculative decoding: KV slot mapping and EAGLE/MTP/DFlash drafter inputs.
+"""Input preparation for speculative decoding: KV slot mapping and EAGLE/MTP drafter inputs.
 
 Same semantics as vLLM 0.26's Triton kernels ``_compute_slot_mapping_kernel``
 (``vllm/v1/worker/block_table.py``) and ``eagle_step_slot_mapping_metadata_kernel``,
 ``eagle_prepare_inputs_padded_kernel``, ``eagle_prepare_next_token_padded_kernel``,
-``copy_and_expand_eagle_inputs_kernel``, ``copy_and_expand_dflash_inputs_kernel``
+``copy_and_expand_eagle_inputs_kernel``
 (``vllm/v1/spec_decode/utils.py``). Every op writes into caller-owned buffers (vLLM's persistent
 runner buffers) and returns nothing useful; none of them syncs with the host.
 
@@ -22,5 +22,4 @@ Ops (see each function's docstring for the exact contract):
 - ``eagle_prepare_inputs_padded``: token index to sample and rejected count per request.
 - ``eagle_prepare_next_token_padded``: last valid sampled token per request and how many.
 - ``copy_and_expand_eagle_inputs``: parallel-drafting input layout (shift, bonus, extra slots).
-- ``copy_and_expand_dflash_inputs``: DFlash context/query positions, slots and input ids.
 """

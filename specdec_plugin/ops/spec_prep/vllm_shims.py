@@ -4,8 +4,8 @@ Each adapter takes the exact arguments vLLM launches the kernel with (vLLM's par
 keyword launches bind; constexpr block sizes and launch options are ignored), recovers what
 vLLM encodes in the grid (number of requests, padded batch size) and calls our kernel through
 the registry. ``shim_table(providers)`` maps ``(vllm module, symbol)`` -> shim; the EAGLE kernels
-are imported by name into ``llm_base_proposer`` and the DFlash one into ``dflash``, so they
-appear under those modules as well as under ``spec_decode.utils``.
+are imported by name into ``llm_base_proposer``, so they appear under it as well as under
+``spec_decode.utils``. DFlash's kernel is not shimmed: the config checks refuse DFlash.
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from specdec_plugin.ops.spec_prep.kernel_shim import VllmKernelShim, rows_with_s
 
 _UTILS = "vllm.v1.spec_decode.utils"
 _PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
-_DFLASH = "vllm.v1.spec_decode.dflash"
 _BLOCK_TABLE = "vllm.v1.worker.block_table"
 
 
@@ -100,27 +99,6 @@ def _eagle_expand_adapter(providers):
     return launch
 
 
-def _dflash_adapter(providers):
-    def launch(
-        grid, next_token_ids_ptr, target_positions_ptr, out_input_ids_ptr,
-        out_context_positions_ptr, out_query_positions_ptr, out_context_slot_mapping_ptr,
-        out_query_slot_mapping_ptr, out_token_indices_ptr, block_table_ptr, block_table_stride,
-        query_start_loc_ptr, num_rejected_tokens_ptr, parallel_drafting_token_id, block_size,
-        num_query_per_req, num_speculative_tokens, total_input_tokens, BLOCK_SIZE=None,
-        HAS_NUM_REJECTED=False, **_launch_options,
-    ):
-        get_kernel("copy_and_expand_dflash_inputs", providers)(
-            next_token_ids_ptr, target_positions_ptr, out_input_ids_ptr,
-            out_context_positions_ptr, out_query_positions_ptr, out_context_slot_mapping_ptr,
-            out_query_slot_mapping_ptr, out_token_indices_ptr,
-            rows_with_stride(block_table_ptr, block_table_stride), query_start_loc_ptr,
-            num_rejected_tokens_ptr if HAS_NUM_REJECTED else None,
-            int(parallel_drafting_token_id), int(block_size), int(num_query_per_req),
-            int(num_speculative_tokens), int(total_input_tokens), grid[0],
-        )
-    return launch
-
-
 _TABLE = {
     (_BLOCK_TABLE, "_compute_slot_mapping_kernel"): _slot_mapping_adapter,
     (_UTILS, "eagle_step_slot_mapping_metadata_kernel"): _eagle_step_adapter,
@@ -130,8 +108,6 @@ _TABLE = {
     (_PROPOSER, "eagle_prepare_next_token_padded_kernel"): _next_token_padded_adapter,
     (_UTILS, "copy_and_expand_eagle_inputs_kernel"): _eagle_expand_adapter,
     (_PROPOSER, "copy_and_expand_eagle_inputs_kernel"): _eagle_expand_adapter,
-    (_UTILS, "copy_and_expand_dflash_inputs_kernel"): _dflash_adapter,
-    (_DFLASH, "copy_and_expand_dflash_inputs_kernel"): _dflash_adapter,
 }
 
 
