@@ -12,6 +12,10 @@
 - ``SPECDEC_ADAPTIVE=0``: draft K tokens every step, as vLLM does, instead of letting the
   adaptive controller choose 0..K per step from observed acceptance and measured step costs
   (default on; a user-given ``num_speculative_tokens_per_batch_size`` also turns it off).
+- ``SPECDEC_JIT_BUILD=1``: compile csrc/ with torch's cpp_extension on first use when the
+  installed package has no ``specdec_plugin._C`` (a source checkout not built by pip).
+- ``SPECDEC_CACHE_DIR``: where ``specdec-models`` keeps checkpoints (default
+  ``~/.cache/specdec_plugin/models``).
 """
 from __future__ import annotations
 
@@ -42,6 +46,14 @@ def cpu_threads() -> int:
 
 def drafter_graphs() -> bool:
     return os.environ.get("SPECDEC_DRAFTER_GRAPHS", "1").strip().lower() in _TRUE
+
+
+def jit_build() -> bool:
+    return os.environ.get("SPECDEC_JIT_BUILD", "0").strip().lower() in _TRUE
+
+
+def model_cache_dir() -> str | None:
+    return os.environ.get("SPECDEC_CACHE_DIR") or None
 
 
 def adaptive_drafting() -> bool:

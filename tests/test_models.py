@@ -214,7 +214,7 @@ def test_tiny_build_is_deterministic_in_seed(tmp_path):
 
 
 def test_tiny_checkpoint_cache_builds_once(tmp_path, monkeypatch):
-    monkeypatch.setenv(cache.CACHE_ENV_VAR, str(tmp_path))
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
     path = tiny.tiny_checkpoint("opt")
     assert path == tmp_path / "tiny" / "opt" and (path / "config.json").is_file()
     monkeypatch.setattr(tiny, "build_tiny_checkpoint",
@@ -241,7 +241,7 @@ def test_cli_unknown_name_exits_2_and_lists_known_names(argv, known, capsys):
 
 
 def test_cli_tiny_prints_only_the_path(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(cache.CACHE_ENV_VAR, str(tmp_path))
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
     assert cli_main(["tiny", "llama"]) == 0
     assert capsys.readouterr().out == f"{tmp_path / 'tiny' / 'llama'}\n"
     assert cli_main(["list"]) == 0

@@ -18,13 +18,14 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-CACHE_ENV_VAR = "SPECDEC_CACHE_DIR"
+from specdec_plugin import envs
+
 MARKER_NAME = ".complete"
 
 
 def cache_root() -> Path:
     """The directory that holds every cached model (not created here)."""
-    configured = os.environ.get(CACHE_ENV_VAR)
+    configured = envs.model_cache_dir()
     if configured:
         return Path(configured).expanduser()
     return Path.home() / ".cache" / "specdec_plugin" / "models"

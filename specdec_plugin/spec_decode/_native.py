@@ -14,6 +14,8 @@ from types import ModuleType
 # _C links against torch's shared libraries (libc10, libtorch); importing torch loads them.
 import torch  # noqa: F401
 
+from specdec_plugin import envs
+
 _lock = threading.Lock()
 _module: ModuleType | None = None
 
@@ -35,7 +37,7 @@ def load_extension() -> ModuleType:
 
             _module = _C
         except ImportError as err:
-            if os.environ.get("SPECDEC_JIT_BUILD", "0") != "1":
+            if not envs.jit_build():
                 raise ImportError(
                     "specdec_plugin._C is not built; run `pip install -e .` or set "
                     "SPECDEC_JIT_BUILD=1 to compile csrc/ on first use"
