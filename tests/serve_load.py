@@ -63,6 +63,7 @@ class LoadResult:
     body: dict | None = None  # the JSON answer of a non-streamed request
     cancelled: bool = False
     saw_done: bool = False  # the stream ended with "data: [DONE]"
+    completion_tokens: int | None = None  # from the answer's usage
     error: str | None = None
     seconds: float = 0.0
     sent: bool = False
@@ -122,6 +123,7 @@ def _kinds(model: str, rng: random.Random) -> dict:
 WEIGHTS = {"greedy": 10, "sampled": 10, "n2": 8, "logprobs": 8, "stop": 8, "penalties": 8,
            "chat": 10, "chat_stream": 12, "completion_stream": 8, "json": 8}
 HANG_UP_PERCENT = 10
+HANG_UP_TOKENS = 64
 
 
 def build_mix(model: str, count: int, seed: int = 0, pinned: list[LoadRequest] | tuple = (),
@@ -133,10 +135,12 @@ def build_mix(model: str, count: int, seed: int = 0, pinned: list[LoadRequest] |
     for _ in range(count):
         if rng.randrange(100) < HANG_UP_PERCENT:
             # A client that reads a couple of chunks of a long answer and then closes the
-            # connection: the server must abort the request and free its slots.
+            # connection: the server must abort the request and free its slots. ignore_eos:
+            # left alone, it would run to HANG_UP_TOKENS, which tells an abort from none.
             path, body, _ = _kinds(model, rng)[rng.choice(["chat_stream", "completion_stream"])]
-            out.append(LoadRequest("hang_up", path, {**body, "max_tokens": 64}, stream=True,
-                                   hang_up_after=rng.randrange(1, 4)))
+            out.append(LoadRequest("hang_up", path,
+                                   {**body, "max_tokens": HANG_UP_TOKENS, "ignore_eos": True},
+                                   stream=True, hang_up_after=rng.randrange(1, 4)))
             continue
         name = rng.choices(names, weights)[0]
         path, body, stream = _kinds(model, rng)[name]
@@ -178,6 +182,7 @@ async def _exchange(client: httpx.AsyncClient, base_url: str, req: LoadRequest,
         result.status = resp.status_code
         if resp.status_code == 200:
             result.body = resp.json()
+            result.completion_tokens = result.body["usage"]["completion_tokens"]
             for choice in sorted(result.body["choices"], key=lambda c: c["index"]):
                 result.texts.append(_choice_text(choice, chat, False))
                 result.finish_reasons.append(choice.get("finish_reason"))
@@ -186,8 +191,8 @@ async def _exchange(client: httpx.AsyncClient, base_url: str, req: LoadRequest,
         return
     texts: dict[int, str] = {}
     finishes: dict[int, str | None] = {}
-    async with client.stream("POST", base_url + req.path,
-                             json={**req.body, "stream": True}) as resp:
+    body = {**req.body, "stream": True, "stream_options": {"include_usage": True}}
+    async with client.stream("POST", base_url + req.path, json=body) as resp:
         result.status = resp.status_code
         if resp.status_code != 200:
             result.error = (await resp.aread()).decode(errors="replace")[:500]
@@ -203,6 +208,8 @@ async def _exchange(client: httpx.AsyncClient, base_url: str, req: LoadRequest,
             event = json.loads(data)
             if "error" in event:  # vLLM reports a failure mid-stream as an event
                 result.error = f"stream error event: {data[:500]}"
+            if event.get("usage"):
+                result.completion_tokens = event["usage"]["completion_tokens"]
             for choice in event.get("choices", []):
                 index = choice["index"]
                 texts[index] = texts.get(index, "") + _choice_text(choice, chat, True)
@@ -287,6 +294,8 @@ def problems(requests: list[LoadRequest], results: list[LoadResult]) -> list[str
             out.append(f"{where}: {len(res.texts)} choices, want {want_choices}")
         if req.stream and not res.saw_done:
             out.append(f"{where}: stream ended without [DONE]")
+        if res.completion_tokens is None:
+            out.append(f"{where}: no usage in the answer")
         for text, finish in zip(res.texts, res.finish_reasons):
             if not text:
                 out.append(f"{where}: empty text")

@@ -82,18 +82,42 @@ def test_recorded_call_plans_for_every_length_and_leaves_the_live_call_alone():
     assert new_cad.max_query_len == cad.max_query_len
 
 
-def test_v1_runner_builds_our_drafters():
-    # Patch P7 rebinds the names the V1 runner builds its drafter from (as every worker does).
-    import vllm.v1.worker.gpu_model_runner as runner
-    from vllm.v1.spec_decode.draft_model import DraftModelProposer
-    from vllm.v1.spec_decode.eagle import EagleProposer
+def test_runner_installs_our_drafters(monkeypatch):
+    """The runner's seam (spec_decode/runner_drafters.py): vLLM's EAGLE / draft-model drafter is
+    replaced by ours, built with the same arguments; other drafters are left alone."""
+    from types import SimpleNamespace
 
-    from specdec_plugin.patches import proposers
+    from specdec_plugin.spec_decode import runner_drafters
     from specdec_plugin.spec_decode.drafter_graphs import DrafterGraphs
 
-    proposers.apply()
-    for ours, vllms in ((runner.EagleProposer, EagleProposer),
-                        (runner.DraftModelProposer, DraftModelProposer)):
+    assert len(runner_drafters.DRAFTERS) == 2
+    for vllms, ours in runner_drafters.DRAFTERS.items():
         assert ours is not vllms and issubclass(ours, vllms) and issubclass(ours, DrafterGraphs)
         # Our propose and vLLM's padding hook must come first in the method order.
         assert ours.propose is DrafterGraphs.propose
+        built = []
+        monkeypatch.setattr(ours, "__init__", lambda self, **kw: built.append(kw))
+        runner = SimpleNamespace(drafter=vllms.__new__(vllms), vllm_config="cfg", device="dev")
+        runner_drafters.install_drafter(runner)
+        assert type(runner.drafter) is ours
+        assert built == [{"vllm_config": "cfg", "device": "dev", "runner": runner}]
+        # vLLM's own subclasses (Gemma4Proposer is an EagleProposer) keep their class.
+        sub = type("VllmSubclass", (vllms,), {})
+        runner.drafter = sub.__new__(sub)
+        runner_drafters.install_drafter(runner)
+        assert type(runner.drafter) is sub and len(built) == 1
+
+
+def test_p7_rebinds_ngram_and_suffix_names(monkeypatch):
+    import importlib
+
+    from specdec_plugin.patches import proposers
+
+    # Recording each name with monkeypatch first makes the test undo what apply() rebinds.
+    for (module, name) in proposers.PROPOSERS:
+        mod = importlib.import_module(module)
+        monkeypatch.setattr(mod, name, getattr(mod, name))
+    proposers.apply()
+    for (module, name), ours in proposers.PROPOSERS.items():
+        bound = getattr(importlib.import_module(module), name)
+        assert bound is proposers._load(ours) and bound.__module__.startswith("specdec_plugin")

@@ -6,50 +6,12 @@ Triton kernels are placeholders and ``torch.cuda``/``torch.accelerator`` have no
 from __future__ import annotations
 
 import os
-from contextlib import nullcontext
 from typing import ClassVar
 
 import torch
 
 from specdec_plugin import envs
 from specdec_plugin.device.base import DeviceLayer
-
-
-class _EventStandIn:
-    """Host code is already in order on CPU: recording and waiting are no-ops."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        pass
-
-    def record(self, *args, **kwargs) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-    def wait(self, *args, **kwargs) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-
-class _StreamStandIn:
-    def __init__(self, *args, **kwargs) -> None:
-        self.device = torch.device("cpu")
-
-    def wait_stream(self, *args, **kwargs) -> None:
-        pass
-
-    def wait_event(self, *args, **kwargs) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-
-def _noop(*args, **kwargs) -> None:
-    return None
 
 
 class CpuDevice(DeviceLayer):
@@ -95,16 +57,9 @@ class CpuDevice(DeviceLayer):
     def prepare_worker_process(self) -> None:
         # vLLM sets one thread for non-CPU platforms; the torch reference kernels want all cores.
         torch.set_num_threads(envs.cpu_threads())
-        if torch.accelerator.is_available():
-            return  # a real accelerator is present; leave torch alone
-        # With a CUDA torch on a GPU-less machine these raise on first use, and the V1 runner
-        # calls them in construction, profiling, cleanup and (for EAGLE-family drafters) every
-        # step. This process only ever computes on the CPU, so host stand-ins are installed for
-        # its lifetime. Patches P4 and P5.
-        torch.accelerator.synchronize = _noop
-        torch.accelerator.empty_cache = _noop
-        torch.Event = _EventStandIn
-        torch.cuda.Event = _EventStandIn
-        torch.cuda.Stream = _StreamStandIn
-        torch.cuda.current_stream = lambda *args, **kwargs: _StreamStandIn()
-        torch.cuda.stream = lambda *args, **kwargs: nullcontext()
+        # With a CUDA torch on a GPU-less machine torch.accelerator and CUDA streams/events
+        # raise on first use, and the V1 runner calls them in construction, profiling, cleanup
+        # and (EAGLE-family drafters) every step: patches P4 and P5, for this process's life.
+        from specdec_plugin.patches import cpu_streams
+
+        cpu_streams.apply()

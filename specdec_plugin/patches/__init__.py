@@ -1,14 +1,17 @@
 """Every change the plugin makes to vLLM (and torch) where vLLM has no hook: the catalog.
 
 Everything else goes through vLLM's hooks (Platform, worker_cls, the attention registry,
-subclasses). Each patch below says why it exists, what it changes, and when it can go.
-They are applied in a worker process, before the model runner is built, by
-``apply_worker_patches`` (idempotent).
+subclasses, the runner's attributes after its constructor). Each patch below says why it exists,
+what it changes, the vLLM 0.26 source it replaces ("Replaces", paths under vllm/), and when it
+can go. tests/test_patch_catalog.py fails when one of those vLLM symbols changes shape.
+P1-P3, P7, P9 are applied in a worker process, before the model runner is built, by
+``apply_worker_patches`` (idempotent); P4-P5 by the CPU device layer in its worker process.
 
 P1 kernel warm-up (``vllm.v1.worker.gpu_worker.kernel_warmup``)
    Why: vLLM's warm-up imports CUDA fusion modules that touch ``torch.ops._C.rotary_embedding``
    at import; the 0.26 wheel ships no ``_C``, so every platform without it fails there.
    What: our warm-up, which warms the block-table slot-mapping kernel (all our runner needs).
+   Replaces: v1/worker/gpu_worker.py:780 ``kernel_warmup(self)``.
    When it can go: when vLLM lets a platform choose its warm-up, or guards those imports.
 
 P2 vLLM's Triton kernels of EAGLE/MTP input prep and slot mapping (``patches/vllm_kernels.py``)
@@ -18,6 +21,9 @@ P2 vLLM's Triton kernels of EAGLE/MTP input prep and slot mapping (``patches/vll
    adapters that accept vLLM's launch syntax and call our kernel (torch or our Triton one).
    The rejection sampler is not patched here: the runner replaces vLLM's sampler object with
    ``spec_decode/rejection_sampler.py`` (one path), so vLLM's rejection kernels never launch.
+   Replaces: the ``kernel[grid](...)`` launches of v1/worker/block_table.py
+   ``_compute_slot_mapping_kernel`` and v1/spec_decode/utils.py ``eagle_*`` /
+   ``copy_and_expand_eagle_inputs_kernel`` (also imported into llm_base_proposer.py).
    When it can go: when vLLM dispatches these kernels through the platform (as it does for
    attention) or exposes them as CustomOps.
 
@@ -25,19 +31,23 @@ P3 repetition penalties (``vllm._custom_ops.apply_repetition_penalties``)
    Why: on CUDA tensors vLLM calls ``torch.ops._C.apply_repetition_penalties_``, absent from
    the 0.26 wheel, so a request with ``repetition_penalty`` fails on GPU.
    What: always the torch implementation vLLM already has.
+   Replaces: _custom_ops.py:350 ``if logits.is_cuda and logits.is_contiguous():`` (the branch).
    When it can go: when the `_C` call is guarded by ``hasattr`` or a platform check.
 
-P4 ``torch.accelerator.synchronize`` / ``empty_cache`` on a GPU-less machine (device/cpu.py)
+P4 ``torch.accelerator.synchronize`` / ``empty_cache`` on a GPU-less machine (patches/cpu_streams.py)
    Why: the V1 runner calls them in profiling and cleanup; a CUDA torch with no GPU raises.
    What: no-ops, only when torch reports no accelerator.
+   Replaces: v1/worker/gpu_model_runner.py:1160 and :6502-6503 ``torch.accelerator.*()``.
    When it can go: when the runner routes these through ``Platform``.
 
 P5 ``torch.Event``, ``torch.cuda.Event/Stream/current_stream/stream`` in a CPU worker process
-   (device/cpu.py ``prepare_worker_process``)
+   (patches/cpu_streams.py, applied by device/cpu.py ``prepare_worker_process``)
    Why: ``GPUModelRunner`` creates CUDA events and streams unconditionally, and uses streams
    at run time for drafter outputs (EAGLE family); with no GPU they raise.
    What: host stand-ins for the life of the worker process, only when torch has no
    accelerator (that process computes on the CPU only).
+   Replaces: v1/worker/gpu_model_runner.py:738-741, :892-896, :916-917 (streams and events made
+   in the constructor) and ``with torch.cuda.stream(...)`` at :287/:417.
    When it can go: when the runner asks the platform for events and streams.
 
 P6 input checks before ``ModelConfig`` (``EngineArgs.create_engine_config``, patches/engine_args.py)
@@ -46,30 +56,37 @@ P6 input checks before ``ModelConfig`` (``EngineArgs.create_engine_config``, pat
    What: a wrapper that checks local model and draft-model paths first, then calls vLLM's;
    it also records the user's graph capture sizes, which the platform can no longer tell from
    vLLM's defaults when it sees the config (capture_sizes.py: rounded to n*(1+K) with a warning).
+   Replaces: engine/arg_utils.py:1847 ``EngineArgs.create_engine_config`` (wrapped, not changed).
    Installed from the ``vllm.general_plugins`` entry point (vLLM loads it in
    ``EngineArgs.__post_init__``), unlike P1-P5 which are applied in workers.
    When it can go: when a platform hook receives the engine arguments before ModelConfig.
 
-P7 proposer classes the V1 runner builds (patches/proposers.py ``PROPOSERS``)
+P7 the n-gram and suffix proposer classes the V1 runner builds (patches/proposers.py ``PROPOSERS``)
    Why: the runner picks its drafter class by name with no plugin hook (``custom_class`` gets
-   neither the input batch nor a runner), and type-checks it with the same names.
-   What: those names are rebound to our subclasses: n-gram and suffix proposers on csrc/, and
-   the EAGLE-family and draft-model proposers, whose steps replay from our graphs
-   (spec_decode/drafter_graphs.py; vLLM's V1 runner allows its drafters piecewise graphs only).
-   When it can go: when vLLM lets a platform register proposers per method. The drafter-graph
-   part can also go when the V1 runner records its drafters in full graphs (the V2 runner does,
-   but it does not host our proposers and rejection sampler).
+   neither the input batch nor a runner). The EAGLE family and the draft model need no patch:
+   the model runner replaces ``self.drafter`` after ``super().__init__()``
+   (spec_decode/runner_drafters.py), the runner's seam. These two cannot use that seam, because
+   vLLM's constructor must not run: the suffix one imports arctic-inference (not installed), the
+   n-gram one JIT-compiles numba on a 1024 x max_model_len batch at every start.
+   What: those names are rebound to our subclasses on csrc/ (the runner's type checks accept
+   subclasses).
+   Replaces: v1/worker/gpu_model_runner.py:602 ``self.drafter = NgramProposer(self.vllm_config)``
+   and :634 ``self.drafter = SuffixDecodingProposer(self.vllm_config)``.
+   When it can go: when vLLM lets a platform register proposers per method.
 
 P8 ``vllm.config.speculative.has_arctic_inference`` (patches/suffix_config.py)
    Why: ``SpeculativeConfig`` rejects ``method="suffix"`` unless arctic-inference is
    installed; our suffix proposer does not use it.
    What: the check asks whether our C++ index loads instead. Process 0, like P6.
+   Replaces: config/speculative.py:1053 ``if not has_arctic_inference():``.
    When it can go: when the suffix proposer is pluggable.
 
 P9 ``vllm.v1.worker.gpu_model_runner.bind_kv_cache`` (patches/bind_kv_cache.py)
    Why: with a draft model of the target's architecture two attention layers share a layer
    index; vLLM accepts that only for CUDA/XPU/its CPU platform and raises for others.
    What: the same binding without the platform check (the runner handles it the same way).
+   Replaces: v1/worker/utils.py:482 ``bind_kv_cache`` (its check at :523-532), called from
+   v1/worker/gpu_model_runner.py:7526.
    When it can go: when the check covers out-of-tree platforms that use the V1 runner.
 """
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""P7: the V1 runner builds our proposers (see the catalog).
+"""P7: the V1 runner builds our n-gram and suffix proposers (see the catalog).
 
-The runner constructs its drafter from class names looked up at construction time, and checks
-the drafter's type with the same names. Rebinding those names to our subclasses makes the
-runner build ours and its checks accept them. ``PROPOSERS`` maps each vLLM symbol to ours.
+The runner constructs its drafter from class names looked up at construction time. For these two
+vLLM's own constructor must not run: the suffix one imports arctic-inference (not installed),
+the n-gram one JIT-compiles numba over a 1024 x max_model_len batch. So replacing the drafter
+after construction (what spec_decode/runner_drafters.py does for the EAGLE family and the draft
+model) is no option here, and the names are rebound to our subclasses instead.
 """
 from __future__ import annotations
 
@@ -14,10 +16,6 @@ PROPOSERS: dict[tuple[str, str], str] = {
         "specdec_plugin.spec_decode.ngram:SpecDecNgramProposer",
     ("vllm.v1.worker.gpu_model_runner", "SuffixDecodingProposer"):
         "specdec_plugin.spec_decode.suffix:SpecDecSuffixProposer",
-    ("vllm.v1.worker.gpu_model_runner", "EagleProposer"):
-        "specdec_plugin.spec_decode.graphed_proposers:SpecDecEagleProposer",
-    ("vllm.v1.worker.gpu_model_runner", "DraftModelProposer"):
-        "specdec_plugin.spec_decode.graphed_proposers:SpecDecDraftModelProposer",
 }
 
 

@@ -1,6 +1,6 @@
 """vLLM's V1 drafters that replay their steps from our graphs (see drafter_graphs.py).
 
-The runner builds these through patch P7. On a device without graphs they behave exactly as
+The runner installs these after its constructor (spec_decode/runner_drafters.py). On a device without graphs they behave exactly as
 vLLM's classes.
 """
 from __future__ import annotations

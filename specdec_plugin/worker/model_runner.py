@@ -1,8 +1,9 @@
 """The model runner: vLLM's V1 ``GPUModelRunner`` with device work routed to the device layer
 and our rejection sampler in place of vLLM's.
 
-Our proposers are built by the parent constructor itself (see patch P7); the rejection
-sampler is replaced here, after construction, since the runner has no hook for it.
+The EAGLE-family and draft-model drafters and the rejection sampler are replaced here, after
+the parent constructor built vLLM's (spec_decode/runner_drafters.py); the n-gram and suffix
+proposers are built by the parent constructor itself (patch P7 says why).
 """
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from specdec_plugin.adaptive.graphs import AdaptiveGraphsMixin
 
 from specdec_plugin.spec_decode.rejection_sampler import SpecDecRejectionSampler
+from specdec_plugin.spec_decode.runner_drafters import install_drafter
 
 
 class SpecDecModelRunner(AdaptiveGraphsMixin, GPUModelRunner):
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
         super().__init__(vllm_config, device)
         self.device_layer = current_platform.device
+        install_drafter(self)  # EAGLE family and draft model; n-gram and suffix: patch P7
         if hasattr(self, "rejection_sampler"):
             self.rejection_sampler = SpecDecRejectionSampler(
                 self.sampler, self.speculative_config, self.device,

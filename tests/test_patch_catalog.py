@@ -1,0 +1,123 @@
+"""Each catalogued patch (specdec_plugin/patches/__init__.py) against the vLLM source it replaces.
+
+vLLM's installed source is read, not imported, so patches other tests applied do not matter. A
+test fails when the patched symbol changes shape (parameters, the call site we rely on, the
+attribute we replace), which is when the patch must be revisited.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import inspect
+import pathlib
+
+import torch
+
+VLLM = pathlib.Path(importlib.util.find_spec("vllm").submodule_search_locations[0])
+
+
+def _source(relpath: str) -> str:
+    return (VLLM / relpath).read_text()
+
+
+def _params(relpath: str, name: str, cls: str | None = None) -> list[str]:
+    """Parameter names of ``name`` (a function, or a method of ``cls``) as defined in vLLM."""
+    tree = ast.parse(_source(relpath))
+    body = tree.body
+    if cls is not None:
+        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    for node in body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            a = node.args
+            return [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+    raise AssertionError(f"{name} is no longer defined in vllm/{relpath}")
+
+
+def _module_file(module: str) -> str:
+    return module.removeprefix("vllm.").replace(".", "/") + ".py"
+
+
+def test_p1_kernel_warmup():
+    assert "kernel_warmup(self)" in _source("v1/worker/gpu_worker.py")
+    assert _params("model_executor/warmup/kernel_warmup.py", "kernel_warmup") == ["worker"]
+
+
+def test_p2_spec_prep_shims_take_vllms_kernel_arguments():
+    from specdec_plugin.ops.spec_prep.vllm_shims import shim_table
+
+    for (module, symbol), shim in shim_table(("torch",)).items():
+        relpath = _module_file(module)
+        text = _source(relpath)
+        if f"def {symbol}(" not in text:  # imported by name (llm_base_proposer)
+            tree = ast.parse(text)
+            sources = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                       and any(a.name == symbol for a in n.names)]
+            assert sources, f"{module} no longer has {symbol}"
+            relpath = _module_file(sources[0])
+        ours = [p for p in inspect.signature(shim.adapter).parameters
+                if p not in ("grid", "_launch_options")]
+        assert _params(relpath, symbol) == ours, f"{module}.{symbol} changed its parameters"
+
+
+def test_p3_repetition_penalties():
+    text = _source("_custom_ops.py")
+    assert "torch.ops._C.apply_repetition_penalties_" in text
+    assert (_params("_custom_ops.py", "apply_repetition_penalties")
+            == _params("_custom_ops.py", "apply_repetition_penalties_torch"))
+
+
+def test_p4_p5_cpu_stand_ins():
+    from specdec_plugin.patches import cpu_streams
+
+    text = _source("v1/worker/gpu_model_runner.py")
+    for call in ("torch.accelerator.synchronize()", "torch.accelerator.empty_cache()",
+                 "torch.cuda.Event(", "torch.Event()", "torch.cuda.Stream()",
+                 "torch.cuda.current_stream()", "with torch.cuda.stream("):
+        assert call in text, f"the V1 runner no longer calls {call}"
+    for owner, attr in cpu_streams.table():
+        assert hasattr(owner, attr), f"torch has no {attr} to stand in for"
+
+
+def test_p6_create_engine_config():
+    assert _params("engine/arg_utils.py", "create_engine_config", cls="EngineArgs") == [
+        "self", "usage_context", "headless"]
+
+
+def test_p7_and_runner_seam_drafter_construction():
+    text = _source("v1/worker/gpu_model_runner.py")
+    # P7: names looked up when the runner is built (ngram imported locally, suffix globally).
+    assert "from vllm.v1.spec_decode.ngram_proposer import NgramProposer" in text
+    assert "self.drafter = NgramProposer(self.vllm_config)" in text
+    assert "self.drafter = SuffixDecodingProposer(self.vllm_config)" in text
+    assert "from arctic_inference" in _source("v1/spec_decode/suffix_decoding.py")
+    # The seam runner_drafters.py uses: same constructor arguments as vLLM's drafters.
+    assert "self.drafter = EagleProposer(self.vllm_config, self.device, self)" in text
+    for relpath, cls in (("v1/spec_decode/eagle.py", "EagleProposer"),
+                         ("v1/spec_decode/draft_model.py", "DraftModelProposer")):
+        assert _params(relpath, "__init__", cls=cls) == ["self", "vllm_config", "device", "runner"]
+
+
+def test_p8_arctic_inference_check():
+    text = _source("config/speculative.py")
+    assert "if not has_arctic_inference():" in text
+    assert "has_arctic_inference" in text.split("class SpeculativeConfig")[0]  # module-level name
+
+
+def test_p9_bind_kv_cache():
+    from specdec_plugin.patches.bind_kv_cache import bind_kv_cache
+
+    theirs = _params("v1/worker/utils.py", "bind_kv_cache")
+    assert theirs == list(inspect.signature(bind_kv_cache).parameters)
+    assert "bind_kv_cache,\n" in _source("v1/worker/gpu_model_runner.py")  # imported by name
+
+
+def test_cpu_stand_ins_apply_without_accelerator(monkeypatch):
+    from specdec_plugin.patches import cpu_streams
+
+    for owner, attr in cpu_streams.table():  # recorded, so the test undoes whatever apply() sets
+        monkeypatch.setattr(owner, attr, getattr(owner, attr))
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    cpu_streams.apply()
+    assert torch.cuda.Event is cpu_streams.EventStandIn
+    with torch.cuda.stream(torch.cuda.Stream()):
+        torch.cuda.current_stream().wait_event(torch.Event())
