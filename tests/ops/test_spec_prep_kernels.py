@@ -104,6 +104,27 @@ def test_compute_slot_mapping(vk, layout):
     assert (slots[:num_tokens] >= 0).any()
 
 
+def test_compute_slot_mapping_stops_at_num_tokens():
+    """Contract edge: the requests' queries reach past ``num_tokens`` (the caller counts fewer
+    tokens this step). Every provider writes slots for ``[0, num_tokens)`` and ``pad_id`` for
+    ``[num_tokens, max_num_tokens)``, and nothing beyond ``max_num_tokens``."""
+    g = torch.Generator().manual_seed(5)
+    num_reqs, max_num_tokens, buffer = 4, 12, 20
+    qsl = torch.tensor([0, 5, 9, 14, 18], dtype=torch.int32)
+    num_tokens = 7  # request 1 is cut after 2 tokens; requests 2 and 3 lie past the end
+    positions = torch.arange(18).to(DEV)
+    table = rand_block_table(g, num_reqs, 8)
+    outs = []
+    for impl in (ref.compute_slot_mapping, tri.compute_slot_mapping):
+        slots = poison(buffer, torch.int64)
+        impl(slots, qsl.to(DEV), positions, table, 4, num_reqs, num_tokens, max_num_tokens)
+        outs.append(slots.cpu())
+    assert torch.equal(outs[0], outs[1]), f"reference {outs[0]} vs triton {outs[1]}"
+    assert (outs[0][:num_tokens] >= 0).all()
+    assert (outs[0][num_tokens:max_num_tokens] == -1).all()
+    assert (outs[0][max_num_tokens:] == SENT).all()
+
+
 def test_eagle_step_slot_mapping_metadata(vk):
     g = torch.Generator().manual_seed(3)
     batch, padded, max_model_len, block = 6, 9, 40, 4
@@ -227,6 +248,35 @@ def test_copy_and_expand_eagle_inputs(vk, shift):
     written = total_in + num_reqs * (P - 1 if shift else P)
     assert (out[0][:written] != SENT).all() and (out[0][written:] == SENT).all()
     assert (out[4] != SENT).all() and out[3][:written].any() and out[2][:written].any()
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_copy_and_expand_eagle_inputs_stays_in_its_buffers(shift):
+    """Contract edge: output buffers shorter than the expansion. Every provider writes the same
+    prefix and nothing past each buffer's length (views of larger tensors catch a write past)."""
+    g = torch.Generator().manual_seed(16 + shift)
+    num_reqs, P = 4, 3
+    q_lens, qsl = packed_queries(g, num_reqs, 6, min_q=2)
+    total_in = int(qsl[-1])
+    qend = (qsl[1:] - 1).to(torch.int32).to(DEV)
+    tokens = torch.randint(0, 90, (total_in,), generator=g, dtype=torch.int32).to(DEV)
+    positions = torch.arange(total_in).to(DEV)
+    nxt = torch.randint(0, 90, (num_reqs,), generator=g, dtype=torch.int32).to(DEV)
+    short = total_in - 3  # room for fewer outputs than the expansion makes
+    outs = []
+    for impl in (ref.copy_and_expand_eagle_inputs, tri.copy_and_expand_eagle_inputs):
+        full = [poison(total_in + num_reqs * P + 8, dt) for dt in
+                (torch.int32, torch.int64, torch.bool, torch.bool)]
+        new_idx = poison(num_reqs * P, torch.int32)
+        hidden = poison(total_in + 8, torch.int32)
+        impl(tokens, positions, nxt, *(t[:short] for t in full), new_idx, hidden[:short - 2],
+             qsl.to(DEV), qend, 0, 99, total_in, P, shift, num_reqs)
+        for t in full[:2]:
+            assert (t[short:] == SENT).all(), f"{impl.__module__} wrote past the output buffer"
+        assert (hidden[short - 2:] == SENT).all(), f"{impl.__module__} wrote past the mapping"
+        outs.append([t.cpu() for t in full + [new_idx, hidden]])
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
 
 
 def test_vllm_shims_take_vllm_launches():

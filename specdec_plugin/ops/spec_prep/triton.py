@@ -19,13 +19,14 @@ _BLOCK = 128
 
 @triton.jit
 def _slot_mapping_kernel(
-    slot_ptr, qsl_ptr, pos_ptr, bt_ptr, bt_stride, bt_width, block_size, pad_id,
+    slot_ptr, qsl_ptr, pos_ptr, bt_ptr, bt_stride, bt_width, block_size, pad_id, num_tokens,
     KV_BLOCK: tl.constexpr, BLOCKS_PER_KV_BLOCK: tl.constexpr, CP_SIZE: tl.constexpr,
     CP_RANK: tl.constexpr, CP_INTERLEAVE: tl.constexpr, BLOCK: tl.constexpr,
 ):
     req = tl.program_id(0)
     start = tl.load(qsl_ptr + req).to(tl.int64)
-    end = tl.load(qsl_ptr + req + 1).to(tl.int64)
+    # Tokens past num_tokens are padding (written pad_id by the host): never walk into them.
+    end = tl.minimum(tl.load(qsl_ptr + req + 1).to(tl.int64), num_tokens)
     for t0 in range(start, end, BLOCK):
         t = t0 + tl.arange(0, BLOCK)
         live = t < end
@@ -54,7 +55,7 @@ def compute_slot_mapping(
         return
     _slot_mapping_kernel[(num_reqs,)](
         slot_mapping, query_start_loc, positions, block_table, block_table.stride(0),
-        block_table.shape[1], block_size, pad_id,
+        block_table.shape[1], block_size, pad_id, num_tokens,
         KV_BLOCK=kv_cache_block_size, BLOCKS_PER_KV_BLOCK=blocks_per_kv_block,
         CP_SIZE=cp_world_size, CP_RANK=cp_rank, CP_INTERLEAVE=cp_interleave_size, BLOCK=_BLOCK,
     )
@@ -162,8 +163,10 @@ def eagle_prepare_next_token_padded(
 def _eagle_expand_kernel(
     tok_ptr, tpos_ptr, next_ptr, out_ids_ptr, out_pos_ptr, out_rej_ptr, out_masked_ptr,
     out_new_ptr, out_hidden_ptr, qsl_ptr, qend_ptr, padding_token_id, parallel_token_id,
-    total_input_tokens, P, SHIFT: tl.constexpr, BLOCK: tl.constexpr,
+    total_input_tokens, P, num_out, num_hidden, SHIFT: tl.constexpr, BLOCK: tl.constexpr,
 ):
+    # num_out / num_hidden: how far the outputs / the hidden-state mapping may be written (the
+    # reference's contract: the output bound and the buffers' lengths, whichever is smaller).
     r = tl.program_id(0)
     qs = tl.load(qsl_ptr + r).to(tl.int64)
     nqs = tl.load(qsl_ptr + r + 1).to(tl.int64)
@@ -180,7 +183,8 @@ def _eagle_expand_kernel(
     span = tl.maximum(total, nqs - qs)
     for j0 in range(0, span, BLOCK):
         j = j0 + tl.arange(0, BLOCK)
-        live = j < total
+        o = out_start + j
+        live = (j < total) & (o < num_out)
         is_valid = j < num_valid
         is_new = (j >= num_valid) & (j < num_valid + P)
         is_parallel = is_new & (j > num_valid)
@@ -190,14 +194,13 @@ def _eagle_expand_kernel(
         tok = tl.where(j == num_valid, bonus, tok)
         tok = tl.where(is_parallel, parallel_token_id, tok)
         tok = tl.where(is_rejected, padding_token_id, tok)
-        o = out_start + j
         tl.store(out_ids_ptr + o, tok, mask=live)
         tl.store(out_pos_ptr + o, tl.where(is_rejected, 0, start_pos + j), mask=live)
         tl.store(out_rej_ptr + o, is_rejected, mask=live)
         tl.store(out_masked_ptr + o, is_parallel, mask=live)
         tl.store(out_new_ptr + r * P + (j - num_valid), o, mask=live & is_new)
         if SHIFT:
-            tl.store(out_hidden_ptr + qs + j, o, mask=j < nqs - qs)
+            tl.store(out_hidden_ptr + qs + j, o, mask=(j < nqs - qs) & (qs + j < num_hidden))
 
 
 def copy_and_expand_eagle_inputs(
@@ -209,12 +212,16 @@ def copy_and_expand_eagle_inputs(
 ) -> None:
     if num_reqs == 0:
         return
+    num_out = min(total_input_tokens + num_reqs * num_padding_slots_per_request,
+                  out_input_ids.shape[0], out_positions.shape[0],
+                  out_is_rejected_token_mask.shape[0], out_is_masked_token_mask.shape[0])
+    num_hidden = min(total_input_tokens, out_hidden_state_mapping.shape[0])
     _eagle_expand_kernel[(num_reqs,)](
         target_token_ids, target_positions, next_token_ids, out_input_ids, out_positions,
         out_is_rejected_token_mask, out_is_masked_token_mask, out_new_token_indices,
         out_hidden_state_mapping, query_start_loc, query_end_loc, padding_token_id,
-        parallel_drafting_token_id, total_input_tokens, num_padding_slots_per_request,
-        SHIFT=bool(shift_input_ids), BLOCK=_BLOCK,
+        parallel_drafting_token_id, total_input_tokens, num_padding_slots_per_request, num_out,
+        num_hidden, SHIFT=bool(shift_input_ids), BLOCK=_BLOCK,
     )
 
 
