@@ -16,6 +16,7 @@ from vllm.v1.worker.workspace import init_workspace_manager
 
 from specdec_plugin import envs
 from specdec_plugin.patches import apply_worker_patches
+from specdec_plugin.worker.device_index import dp_adjusted_local_rank, visible_device_index
 from specdec_plugin.worker.model_runner import SpecDecModelRunner
 
 logger = init_logger(__name__)
@@ -38,7 +39,12 @@ class SpecDecWorker(Worker):
 
         register_custom_ops(self.device_layer.kernel_providers)
 
-        self.device = layer.worker_device(self.local_rank)
+        if layer.torch_device_type == "cpu":
+            self.device = layer.worker_device(self.local_rank)
+        else:  # vLLM's selection: data-parallel offset, logical -> visible ordinal
+            self.local_rank = dp_adjusted_local_rank(self.local_rank, self.parallel_config)
+            self.device = layer.worker_device(visible_device_index(
+                self.local_rank, self.parallel_config, current_platform, layer.device_count()))
         layer.set_device(self.device)
         current_platform.check_if_supports_dtype(self.model_config.dtype)
         init_worker_distributed_environment(
