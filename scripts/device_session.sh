@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# PROJECT-MACHINE ONLY: fits this project's lent GPU machines (no registry, 64 MiB per call,
+# 10-minute calls); not a general tool. Elsewhere: pip install . and scripts/run_tests.sh -m gpu.
 # One step of a GPU-machine session (after the device kit and SmolLM2 are staged, see
 # scripts/devkit_resplit.py and scripts/stage_smollm2.py). Long jobs run detached (setsid) so
 # they outlive the 10-minute limit of one device call; later calls wait on them and copy their

