@@ -31,9 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo
 
-from engine_runner import run_in_subprocess  # noqa: E402
+from tests.engine_runner import run_in_subprocess  # noqa: E402
 
 METHODS = ("none", "draft_model", "eagle", "eagle3", "ngram", "suffix")
 
@@ -72,7 +72,7 @@ def _padded_setup(args) -> tuple[str, dict, dict]:
     specs["ngram"] = {"method": "ngram", "num_speculative_tokens": args.k,
                       "prompt_lookup_min": 1, "prompt_lookup_max": 4}
     specs["suffix"] = {"method": "suffix", "num_speculative_tokens": args.k}
-    from prompts_gpu import BENCH_PROMPTS
+    from tests.prompts_gpu import BENCH_PROMPTS
 
     return str(paths["target"]), specs, {"prompts": BENCH_PROMPTS, "engine": {}}
 

@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo
 
 
 def _args():
@@ -71,7 +71,7 @@ def main() -> None:
         os.environ["VLLM_PLUGINS"] = ""
     import torch
     from bench_gpu_side_by_side import SETUPS
-    from engine_runner import requests_for
+    from tests.engine_runner import requests_for
     from vllm import LLM, SamplingParams
 
     # The side-by-side benchmark's model, drafters, speculative configs and prompts.

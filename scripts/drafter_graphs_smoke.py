@@ -3,7 +3,7 @@
     python scripts/drafter_graphs_smoke.py [--methods eagle,draft_model] [--dtype bfloat16]
 
 Prints, per engine: drafter graphs recorded/failed, ms/token at batch 1 and 8, acceptance
-length. Engines run in parallel processes (benchmarks/engine_runner.py), so the timings are
+length. Engines run in parallel processes (tests/engine_runner.py), so the timings are
 only a sanity check; the side-by-side benchmark is the measurement.
 """
 from __future__ import annotations
@@ -16,12 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 
 def main() -> None:
-    from engine_runner import run_in_subprocess
-    from prompts_gpu import BENCH_PROMPTS
+    from tests.engine_runner import run_in_subprocess
+    from tests.prompts_gpu import BENCH_PROMPTS
 
     from specdec_plugin.models import fetch_smollm2
     from tests.spec_configs import spec_config

@@ -20,7 +20,7 @@ import sys
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [_ROOT, os.path.join(_ROOT, "benchmarks")]
+sys.path.insert(0, _ROOT)
 
 COUNTS = {"recorded": 0, "replayed": 0}
 
@@ -58,7 +58,7 @@ def main() -> None:
         from specdec_plugin.spec_decode.drafter_graphs import DrafterGraphs
 
         DrafterGraphs._device_for_graphs = lambda self: HostReplayGraphs()
-    from engine_runner import run_job
+    from tests.engine_runner import run_job
 
     result = run_job(job)
     print("RESULT " + json.dumps(result | {"drafter_graphs": COUNTS}), flush=True)

@@ -12,7 +12,7 @@ defaults (torch.compile, FULL_AND_PIECEWISE graphs, async scheduling where vLLM 
 - the drafter's steps replay from our graphs (spec_decode/drafter_graphs.py) for the EAGLE family
   and draft models, and drafting from them accepts what eager drafting accepts (fp32).
 
-Each engine runs in its own process (benchmarks/engine_runner.py), several at once on one GPU
+Each engine runs in its own process (tests/engine_runner.py), several at once on one GPU
 (each gets a fixed 1 GiB KV cache, so none measures another's memory). Run on the device:
 
     python -m pytest -q -m gpu tests/gpu/test_spec_decode_gpu.py
@@ -23,18 +23,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
-_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                      "benchmarks")
-sys.path.insert(0, _BENCH)
-
-from tests.spec_configs import K  # noqa: E402
+from tests.spec_configs import K
 
 MAX_TOKENS = 64
 METHODS = ["draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix"]
@@ -54,7 +49,7 @@ def _spec(method: str) -> dict:
 
 
 def _jobs(smollm2: str) -> dict[str, dict]:
-    from prompts_gpu import BENCH_PROMPTS
+    from tests.prompts_gpu import BENCH_PROMPTS
 
     from specdec_plugin.models.drafters import target_for
 
@@ -93,7 +88,7 @@ def _jobs(smollm2: str) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def results():
-    from engine_runner import run_in_subprocess
+    from tests.engine_runner import run_in_subprocess
 
     from specdec_plugin.models import fetch_smollm2
 
@@ -140,7 +135,7 @@ def _mismatches(want, have):
 
 
 def _assert_equal_but_ties(results, base: str, other: str) -> None:
-    from prompts_gpu import BENCH_PROMPTS
+    from tests.prompts_gpu import BENCH_PROMPTS
 
     want, _ = _tokens(results, base)
     have, _ = _tokens(results, other)

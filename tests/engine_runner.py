@@ -1,9 +1,9 @@
 """One vLLM engine in its own process: generate, time, count acceptance, print one JSON line.
 
 Both the GPU side-by-side benchmark and the GPU correctness tests run each engine through this
-module, so our plugin and vLLM's own CUDA backend are driven by exactly the same code:
+module (in tests/ so that tests import it as ``tests.engine_runner``; benchmarks do the same), so our plugin and vLLM's own CUDA backend are driven by exactly the same code:
 
-    python benchmarks/engine_runner.py '<job json>'
+    python tests/engine_runner.py '<job json>'
 
 A job is a dict:
     backend      "ours" (our platform plugin) or "native" (``VLLM_PLUGINS=""``: vLLM's own)

@@ -3,12 +3,7 @@
 the kind of traffic the drafters were trained on (text the target generated itself)."""
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.prompts import SPEC_PROMPTS  # noqa: E402
+from tests.prompts import SPEC_PROMPTS
 
 _QUESTIONS = [
     "What is the difference between a list and a tuple in Python?",
