@@ -41,6 +41,14 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # Markers follow what a test uses, so `-m "not slow and not model"` (README) really leaves
+    # out every test that starts an engine or needs SmolLM2, however its module is marked.
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "smollm2_path" in fixtures:
+            item.add_marker(pytest.mark.model)
+        if "engines" in fixtures:
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device")
