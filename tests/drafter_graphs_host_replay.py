@@ -57,7 +57,7 @@ def main() -> None:
     if mode == "emulate":
         from specdec_plugin.spec_decode.drafter_graphs import DrafterGraphs
 
-        DrafterGraphs._device_for_graphs = lambda self: HostReplayGraphs()
+        DrafterGraphs._device_for_graphs = lambda self, layer: HostReplayGraphs()
     from tests.engine_runner import run_job
 
     result = run_job(job)

@@ -121,3 +121,26 @@ def test_p7_rebinds_ngram_and_suffix_names(monkeypatch):
     for (module, name), ours in proposers.PROPOSERS.items():
         bound = getattr(importlib.import_module(module), name)
         assert bound is proposers._load(ours) and bound.__module__.startswith("specdec_plugin")
+
+
+def test_drafter_graphs_take_the_device_layer_from_their_runner(monkeypatch):
+    """The device layer is passed down by the runner that builds the drafter, not read from the
+    global platform (data flows one way)."""
+    from types import SimpleNamespace
+
+    from specdec_plugin.spec_decode.drafter_graphs import DrafterGraphs
+
+    seen = []
+    monkeypatch.setattr(DrafterGraphs, "_device_for_graphs",
+                        lambda self, layer: seen.append(layer))
+
+    class VllmDrafter:
+        def __init__(self, vllm_config, device, runner=None):
+            pass
+
+    class Ours(DrafterGraphs, VllmDrafter):
+        pass
+
+    layer = object()
+    Ours(vllm_config=None, device=None, runner=SimpleNamespace(device_layer=layer))
+    assert seen == [layer]

@@ -96,8 +96,9 @@ from specdec_plugin import envs
 _applied: set[str] = set()
 
 
-def apply_worker_patches() -> None:
-    """P1-P3, P7, P9: in a worker process, before the model runner is built."""
+def apply_worker_patches(kernel_providers: tuple[str, ...]) -> None:
+    """P1-P3, P7, P9: in a worker process, before the model runner is built. P2's adapters run
+    the first of ``kernel_providers`` (the device layer's) that has each kernel."""
     if "worker" in _applied:
         return
     from specdec_plugin.patches import (
@@ -110,7 +111,7 @@ def apply_worker_patches() -> None:
 
     bind_kv_cache.apply()
     warmup.apply()
-    vllm_kernels.apply()
+    vllm_kernels.apply(kernel_providers)
     repetition_penalty.apply()
     proposers.apply()
     _applied.add("worker")

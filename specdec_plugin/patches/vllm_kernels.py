@@ -8,22 +8,22 @@ from __future__ import annotations
 
 import importlib
 
-from vllm.platforms import current_platform
-
 # Kernel packages whose vLLM adapters are installed.
 SHIM_MODULES = (
     "specdec_plugin.ops.spec_prep.vllm_shims",  # block-table slot mapping, EAGLE/MTP input prep
 )
 
 
-def table() -> dict:
-    providers = tuple(current_platform.device.kernel_providers)
+def table(providers: tuple[str, ...]) -> dict:
+    """``{(vllm module, symbol): shim}`` running the first of ``providers`` (the device layer's,
+    passed down by the worker) that has each kernel."""
+    providers = tuple(providers)
     merged: dict = {}
     for name in SHIM_MODULES:
         merged.update(importlib.import_module(name).shim_table(providers))
     return merged
 
 
-def apply() -> None:
-    for (module, attr), shim in table().items():
+def apply(providers: tuple[str, ...]) -> None:
+    for (module, attr), shim in table(providers).items():
         setattr(importlib.import_module(module), attr, shim)

@@ -114,17 +114,17 @@ class DrafterGraphs:
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._graph_device = self._device_for_graphs()
+        # The device layer comes down from the runner that builds us (runner_drafters.py), not
+        # from the global platform: data flows config -> platform -> worker -> runner -> here.
+        layer = getattr(kwargs.get("runner"), "device_layer", None)
+        self._graph_device = self._device_for_graphs(layer)
         self._draft_graphs: dict[tuple, _DraftGraph | None] = {}  # None: recording failed
         self._graph_pool = None
         self._graph_stream = None
         self._recording_graph = False
         self._warned_graph_cap = False
 
-    def _device_for_graphs(self):
-        from vllm.platforms import current_platform
-
-        device = getattr(current_platform, "device", None)
+    def _device_for_graphs(self, device):
         config = self.vllm_config
         if (device is None or not device.supports_graphs or not envs.drafter_graphs()
                 or config.model_config.enforce_eager or self.speculative_config.enforce_eager

@@ -33,7 +33,7 @@ class SpecDecWorker(Worker):
     def init_device(self) -> None:
         layer = self.device_layer
         layer.prepare_worker_process()
-        apply_worker_patches()
+        apply_worker_patches(layer.kernel_providers)
         # Our norm / rotary / activation layers, before any model or drafter is built.
         from specdec_plugin.ops.custom_ops import register_custom_ops
 
