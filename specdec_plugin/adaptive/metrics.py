@@ -20,11 +20,18 @@ _counter = None
 
 
 def _draft_length_counter():
+    """The counter, registered in the default registry. vLLM's Prometheus logger, created
+    after the plugin loggers, unregisters every ``vllm:`` collector when it starts (one per
+    engine), so this runs at the first record, not at construction."""
     global _counter
     if _counter is None:
         _counter = prometheus_client.Counter(
             NAME, "Request-steps by the length of the draft they verified (0: no draft).",
-            labelnames=["model_name", "engine", "length"])
+            labelnames=["model_name", "engine", "length"], registry=None)
+    try:
+        prometheus_client.REGISTRY.register(_counter)
+    except ValueError:  # already registered
+        pass
     return _counter
 
 
@@ -46,8 +53,7 @@ class DraftLengthStatLogger(StatLoggerBase):
     def __init__(self, vllm_config, engine_index: int = 0):
         self.enabled = vllm_config.speculative_config is not None
         self.labels = (vllm_config.model_config.served_model_name, str(engine_index))
-        if self.enabled:
-            self.counter = _draft_length_counter()
+        self.counter = None
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
         if not self.enabled or iteration_stats is None:
@@ -56,6 +62,8 @@ class DraftLengthStatLogger(StatLoggerBase):
         counts = draft_length_counts(
             spec.num_draft_tokens_per_pos if spec else [], spec.num_drafts if spec else 0,
             spec.num_accepted_tokens if spec else 0, iteration_stats.num_generation_tokens)
+        if self.counter is None:
+            self.counter = _draft_length_counter()
         for length, count in counts.items():
             self.counter.labels(*self.labels, str(length)).inc(count)
 
