@@ -50,3 +50,19 @@ def test_no_extra_dispatchers_beyond_the_token_budget():
     dispatchers = query_len_dispatchers(_graph_config(), CUDAGraphMode.FULL_AND_PIECEWISE, K, 16)
     for q, dispatcher in dispatchers.items():
         assert max(k.num_tokens for k in dispatcher.cudagraph_keys[CUDAGraphMode.FULL]) <= 16
+
+
+def test_the_runner_dispatcher_lists_every_query_length_for_capture():
+    from vllm.config.compilation import CUDAGraphMode
+
+    from specdec_plugin.adaptive.graphs import QueryLengthDispatcher, query_len_dispatchers
+
+    config = _graph_config()
+    main = QueryLengthDispatcher(config)
+    main.uniform_decode_query_len = 1 + K  # what a config with K speculative tokens gives
+    main.initialize_cudagraph_keys(CUDAGraphMode.FULL_AND_PIECEWISE, 1 + K)
+    own = sum(len(descs) for _, descs in main.get_capture_descs())
+    main.extra = query_len_dispatchers(config, CUDAGraphMode.FULL_AND_PIECEWISE, K, 8192)
+    descs = [d for _, ds in main.get_capture_descs() for d in ds]
+    assert len(descs) == own + 4 * 7
+    assert {d.num_tokens // d.num_reqs for d in descs if d.uniform} == {1, 2, 3, 4, 5}

@@ -6,8 +6,8 @@ piecewise graphs, which is why vLLM turns full graphs off entirely for its own d
 lengths. We keep one extra dispatcher per query length q = 1..K (0..K-1 drafts), each with
 full decode keys at n*q tokens for the same request counts n as vLLM's 1+K graphs, and:
 
-- capture: the runner captures the keys every dispatcher lists (``get_capture_descs`` of the
-  runner's dispatcher returns them all, so vLLM's graph-memory estimate counts them too);
+- capture: the runner's dispatcher (``QueryLengthDispatcher``) lists every dispatcher's keys
+  when asked what to capture, so vLLM's graph-memory estimate counts them too;
   each capture runs with the runner's query length and dispatcher set to that key's q;
 - each step: a batch in which every request has the same query length q selects q's
   dispatcher for vLLM's dispatch, and so replays q's full graph.
@@ -60,10 +60,30 @@ def query_len_dispatchers(vllm_config, mode, k: int, max_num_tokens: int) -> dic
     return dispatchers
 
 
+class QueryLengthDispatcher(CudagraphDispatcher):
+    """vLLM's dispatcher for the runner's own keys, listing the extra query lengths' keys too
+    when the runner asks what to capture (and vLLM's graph-memory estimate what to count)."""
+
+    def __init__(self, vllm_config):
+        super().__init__(vllm_config)
+        self.extra: dict[int, CudagraphDispatcher] = {}
+
+    def get_capture_descs(self):
+        descs = super().get_capture_descs()
+        for q in sorted(self.extra):
+            descs += [(mode, ds) for mode, ds in self.extra[q].get_capture_descs() if ds]
+        return descs
+
+
 class AdaptiveGraphsMixin:
     """Mixed into the model runner (a vLLM ``GPUModelRunner``)."""
 
     _q_dispatchers: dict[int, CudagraphDispatcher] = {}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Before any key exists (vLLM initialises keys once attention backends are known).
+        self.cudagraph_dispatcher = QueryLengthDispatcher(self.vllm_config)
 
     # ---- setup: after vLLM resolved the graph mode and its own keys ----
     def _check_and_update_cudagraph_mode(self, attention_backends, kv_cache_groups,
@@ -71,22 +91,15 @@ class AdaptiveGraphsMixin:
         super()._check_and_update_cudagraph_mode(attention_backends, kv_cache_groups,
                                                  is_profiling)
         self._q_dispatchers = {}
+        self.cudagraph_dispatcher.extra = {}
         mode = self.compilation_config.cudagraph_mode
         k = self.num_spec_tokens if self.speculative_config else 0
         if (k < 1 or not adaptive_enabled(self.vllm_config)
                 or mode.decode_mode() != CUDAGraphMode.FULL or not mode.separate_routine()):
             return
-        main = self.cudagraph_dispatcher
         self._q_dispatchers = query_len_dispatchers(self.vllm_config, mode, k, self.max_num_tokens)
         extra = self._q_dispatchers
-
-        def all_capture_descs():
-            descs = CudagraphDispatcher.get_capture_descs(main)
-            for q in sorted(extra):
-                descs += [(m, ds) for m, ds in CudagraphDispatcher.get_capture_descs(extra[q]) if ds]
-            return descs
-
-        main.get_capture_descs = all_capture_descs
+        self.cudagraph_dispatcher.extra = extra
         logger.info("specdec_plugin: full decode graphs for query lengths 1..%d (%s graphs "
                     "besides vLLM's %d-token ones)", k + 1,
                     sum(len(d.cudagraph_keys[CUDAGraphMode.FULL]) for d in extra.values()), k + 1)
