@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.prompts import PROMPTS
-from tests.serve_utils import VllmServer, port_is_listening
+from tests.serve_utils import VllmServer, metric_totals, port_is_listening
 
 pytestmark = pytest.mark.slow
 
@@ -89,15 +89,7 @@ def tokenizer(smollm2_path):
 
 
 def _metric_totals(server: VllmServer) -> dict[str, float]:
-    """Every ``vllm:`` sample summed over its labels, by metric name."""
-    with urllib.request.urlopen(server.base_url + "/metrics", timeout=30) as resp:
-        text = resp.read().decode()
-    totals: dict[str, float] = {}
-    for line in text.splitlines():
-        match = re.match(r"^(vllm:[A-Za-z0-9_:]+)(\{[^}]*\})?\s+(\S+)", line)
-        if match:
-            totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(3))
-    return totals
+    return metric_totals(server.base_url)
 
 
 def _draft_length_counts(server: VllmServer) -> dict[int, float]:
