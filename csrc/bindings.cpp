@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_attention.h"
 #include "ngram_index.h"
 #include "suffix_tree.h"
 
@@ -90,7 +91,7 @@ py::list ngram_propose_batch(const py::array_t<int32_t>& token_ids,
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "specdec_plugin host-side C++ helpers (suffix decoding, n-gram lookup)";
+  m.doc() = "specdec_plugin host-side C++ helpers (suffix decoding, n-gram lookup, CPU attention)";
 
   py::class_<SuffixIndex>(m, "SuffixIndex")
       .def(py::init<int32_t, int32_t>(), py::arg("max_tree_depth"), py::arg("max_cached_requests"))
@@ -156,4 +157,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ngram_propose_batch", &ngram_propose_batch, py::arg("token_ids").noconvert(), py::arg("num_tokens"),
         py::arg("rows"), py::arg("min_n"), py::arg("max_n"), py::arg("k"),
         py::arg("max_model_len"));
+
+  // The CPU attention layer (ops/paged_attention/cpp.py, ops/reshape_and_cache/cpp.py). The GIL
+  // is released: the kernels touch no Python state.
+  m.def("cpu_paged_attention", &specdec::cpu_paged_attention, py::arg("query"), py::arg("key_cache"),
+        py::arg("value_cache"), py::arg("block_table"), py::arg("query_start_loc"),
+        py::arg("seq_lens"), py::arg("scale"), py::arg("out"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("cpu_reshape_and_cache", &specdec::cpu_reshape_and_cache, py::arg("key"), py::arg("value"),
+        py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"),
+        py::call_guard<py::gil_scoped_release>());
 }

@@ -1,4 +1,5 @@
-"""The CPU: pure-torch reference kernels, no graphs, no pinned memory, no async scheduling.
+"""The CPU: C++ attention kernels (csrc/cpu_attention.cpp), pure-torch references for the
+rest, no graphs, no pinned memory, no async scheduling.
 
 It runs with the normal (CUDA) vLLM and torch wheels on a machine without a GPU, where vLLM's
 Triton kernels are placeholders and ``torch.cuda``/``torch.accelerator`` have no device.
@@ -20,6 +21,9 @@ class CpuDevice(DeviceLayer):
     dispatch_key: ClassVar[str] = "CPU"
     dist_backend: ClassVar[str] = "gloo"
     device_control_env_var: ClassVar[str] = "SPECDEC_CPU_VISIBLE_DEVICES"
+    # Attention and the KV write in C++ (csrc/cpu_attention.cpp): the torch reference spends
+    # more on per-layer indexing than on arithmetic here (BENCHMARKS.md, CPU step profile).
+    kernel_providers: ClassVar[tuple[str, ...]] = ("cpp", "torch")
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32, torch.bfloat16)
     install_hint: ClassVar[str] = "any torch build"
     sampler_warmup_max_rows: ClassVar[int | None] = 8

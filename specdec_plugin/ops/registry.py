@@ -21,15 +21,18 @@ KERNELS: dict[str, dict[str, str]] = {
     "paged_attention": {
         "torch": f"{_OPS}.paged_attention.reference:paged_attention",
         "triton": f"{_OPS}.paged_attention.triton:paged_attention",
+        "cpp": f"{_OPS}.paged_attention.cpp:paged_attention",
     },
     # split-KV workspace sized before graph capture (a no-op for the torch reference)
     "paged_attention_workspace": {
         "torch": f"{_OPS}.paged_attention.reference:reserve_workspace",
         "triton": f"{_OPS}.paged_attention.triton:reserve_workspace",
+        "cpp": f"{_OPS}.paged_attention.cpp:reserve_workspace",
     },
     "reshape_and_cache": {
         "torch": f"{_OPS}.reshape_and_cache.reference:reshape_and_cache",
         "triton": f"{_OPS}.reshape_and_cache.triton:reshape_and_cache",
+        "cpp": f"{_OPS}.reshape_and_cache.cpp:reshape_and_cache",
     },
     # speculative decoding: rejection sampler (vLLM rejection_sampler.py kernels)
     "rejection_greedy_sample": {
