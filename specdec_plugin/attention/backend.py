@@ -5,6 +5,7 @@ of K and V is the ``[num_blocks, block_size, num_kv_heads, head_size]`` tensor o
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import ClassVar
 
 import torch
@@ -27,11 +28,11 @@ class SpecDecAttentionBackend(AttentionBackend):
 
     @staticmethod
     def get_impl_cls() -> type[SpecDecAttentionImpl]:
-        return SpecDecAttentionImpl
+        return _bound(SpecDecAttentionImpl, _kernel_providers())
 
     @staticmethod
     def get_builder_cls() -> type[SpecDecAttentionMetadataBuilder]:
-        return SpecDecAttentionMetadataBuilder
+        return _bound(SpecDecAttentionMetadataBuilder, _kernel_providers())
 
     @staticmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
@@ -53,3 +54,18 @@ class SpecDecAttentionBackend(AttentionBackend):
     @classmethod
     def supports_compute_capability(cls, capability) -> bool:
         return True
+
+
+def _kernel_providers() -> tuple[str, ...]:
+    # The one place in attention/ that reads the platform: the layers below get the device's
+    # kernel providers from here (vLLM constructs them with its own arguments only).
+    from vllm.platforms import current_platform
+
+    return tuple(current_platform.device.kernel_providers)
+
+
+@lru_cache(maxsize=None)
+def _bound(cls: type, providers: tuple[str, ...]) -> type:
+    """``cls`` with ``kernel_providers`` set: one subclass per (class, providers), so vLLM's
+    class identity checks between layers of the same model still see a single class."""
+    return type(cls.__name__, (cls,), {"kernel_providers": providers, "__module__": cls.__module__})

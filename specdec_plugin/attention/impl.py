@@ -3,7 +3,6 @@ attention, both through the kernel registry (our Triton kernels on GPUs, torch o
 from __future__ import annotations
 
 import torch
-from vllm.platforms import current_platform
 from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionType
 
 from specdec_plugin.attention.metadata import SpecDecAttentionMetadata
@@ -11,6 +10,9 @@ from specdec_plugin.ops.registry import get_kernel
 
 
 class SpecDecAttentionImpl(AttentionImpl[SpecDecAttentionMetadata]):
+    # Set by the backend (backend.py: _bound) from the device layer; the torch reference here.
+    kernel_providers: tuple[str, ...] = ("torch",)
+
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int | None = None,
                  alibi_slopes: list[float] | None = None, sliding_window: int | None = None,
                  kv_cache_dtype: str = "auto", logits_soft_cap: float | None = None,
@@ -35,9 +37,8 @@ class SpecDecAttentionImpl(AttentionImpl[SpecDecAttentionMetadata]):
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.attn_type = attn_type
-        providers = current_platform.device.kernel_providers
-        self._attention = get_kernel("paged_attention", providers)
-        self._write_cache = get_kernel("reshape_and_cache", providers)
+        self._attention = get_kernel("paged_attention", self.kernel_providers)
+        self._write_cache = get_kernel("reshape_and_cache", self.kernel_providers)
 
     def do_kv_cache_update(self, layer: AttentionLayer, key: torch.Tensor, value: torch.Tensor,
                            kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:

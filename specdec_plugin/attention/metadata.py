@@ -33,6 +33,8 @@ class SpecDecAttentionMetadataBuilder(AttentionMetadataBuilder[SpecDecAttentionM
     # Every batch shape is served by the same kernel, so any batch may be captured; whether
     # a device captures at all is the platform's decision.
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.ALWAYS
+    # Set by the backend (backend.py: _bound) from the device layer; the torch reference here.
+    kernel_providers: ClassVar[tuple[str, ...]] = ("torch",)
 
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str],
                  vllm_config: VllmConfig, device: torch.device):
@@ -41,13 +43,10 @@ class SpecDecAttentionMetadataBuilder(AttentionMetadataBuilder[SpecDecAttentionM
         self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
         self._reserve_kernel_workspace(kv_cache_spec, layer_names, vllm_config, device)
 
-    @staticmethod
-    def _reserve_kernel_workspace(kv_cache_spec: AttentionSpec, layer_names: list[str],
+    def _reserve_kernel_workspace(self, kv_cache_spec: AttentionSpec, layer_names: list[str],
                                   vllm_config: VllmConfig, device: torch.device) -> None:
         # A launch inside graph capture cannot allocate, so size the attention kernel's
         # scratch now for every decode/verify/draft step shape this builder will see.
-        from vllm.platforms import current_platform
-
         from specdec_plugin.ops.registry import get_kernel
 
         layers = vllm_config.compilation_config.static_forward_context
@@ -55,7 +54,7 @@ class SpecDecAttentionMetadataBuilder(AttentionMetadataBuilder[SpecDecAttentionM
                           default=0) or kv_cache_spec.num_kv_heads
         spec = vllm_config.speculative_config
         k = spec.num_speculative_tokens if spec is not None and spec.num_speculative_tokens else 0
-        reserve = get_kernel("paged_attention_workspace", current_platform.device.kernel_providers)
+        reserve = get_kernel("paged_attention_workspace", self.kernel_providers)
         reserve(vllm_config.scheduler_config.max_num_seqs, (1, 1 + k) if k else (1,),
                 num_q_heads, kv_cache_spec.num_kv_heads, kv_cache_spec.head_size,
                 vllm_config.model_config.max_model_len, kv_cache_spec.dtype, device)
