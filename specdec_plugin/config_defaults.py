@@ -42,7 +42,9 @@ def apply_defaults(config: "VllmConfig", device: "DeviceLayer", worker_cls: str)
             setattr(compilation.pass_config, flag, False)
 
     if not device.supports_graphs:
-        # Eager PyTorch: on CPU torch.compile measured no gain, and graphs do not exist.
+        # Eager PyTorch. On CPU torch.compile measured no gain with the "eager" backend, and
+        # Inductor's CPU code (SmolLM2, 2 cores, 2026-11-24, FixFunctionalizationPass stubbed:
+        # it needs vLLM's _C) decoded 6x slower than eager and took 74 s to compile: BENCHMARKS.md.
         compilation.mode = CompilationMode.NONE
         compilation.cudagraph_mode = CUDAGraphMode.NONE
         compilation.cudagraph_capture_sizes = []
