@@ -36,6 +36,8 @@ import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from bench_cpu_vs_transformers import OursRunner  # noqa: E402
+
 CHAT = [
     "Explain, step by step and in plain words, how a refrigerator keeps food cold.",
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -153,28 +155,6 @@ def time_side(side, workloads: dict[str, list[list[int]]], max_tokens: int) -> d
     return rates
 
 
-class OursSide:
-    def __init__(self, model: str, spec: dict | None, threads: int) -> None:
-        from vllm import LLM
-
-        self.llm = LLM(model=model, dtype="float32", max_model_len=2048, enable_prefix_caching=False,
-                       max_num_seqs=8, seed=0, speculative_config=spec)
-
-    def generate(self, batch, max_tokens):
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, min_tokens=max_tokens,
-                                ignore_eos=True)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params,
-                                 use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outs]
-
-    def close(self) -> None:
-        self.llm.llm_engine.engine_core.shutdown()
-        del self.llm
-
-
 def plot(result: dict, path: str) -> None:
     import matplotlib
 
@@ -235,7 +215,8 @@ def main() -> None:
         target, spec = configs[method]
         print(f"ours-{method}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        side = OursSide(target, spec, args.threads)
+        side = OursRunner(target, enforce_eager=False, max_model_len=2048, max_num_seqs=8,
+                          speculative_config=spec)
         result["engine_start_s"][f"ours-{method}"] = time.perf_counter() - t0
         result["tok_per_s"][f"ours-{method}"] = time_side(side, workloads, args.max_tokens)
         side.close()

@@ -56,11 +56,14 @@ def _uptime() -> str:
 
 
 class OursRunner:
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, **engine) -> None:
+        """``engine``: LLM arguments that replace this benchmark's (bench_cpu_side_by_side.py
+        passes a speculative config and its own lengths)."""
         from vllm import LLM
 
-        self.llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=1024,
-                       enable_prefix_caching=False, max_num_seqs=len(PROMPTS), seed=0)
+        args = dict(dtype="float32", enforce_eager=True, max_model_len=1024,
+                    enable_prefix_caching=False, max_num_seqs=len(PROMPTS), seed=0)
+        self.llm = LLM(model=model, **{**args, **engine})
 
     def generate(self, batch: list[list[int]], max_tokens: int) -> list[list[int]]:
         from vllm import SamplingParams

@@ -35,6 +35,8 @@ class DraftLengthController:
         self.allowed = tuple(sorted(set(allowed))) if allowed is not None else tuple(range(max_k + 1))
         self.tracker = AcceptanceTracker(settings or AcceptanceSettings(max_k=max_k))
         self.last_k: int | None = None
+        drafting = [k for k in self.allowed if k > 0]
+        self.probe_length = min(drafting, key=lambda k: abs(k - PROBE_LENGTH)) if drafting else 0
         self.probe_every = FIRST_PROBE_EVERY
         self._plain_steps = 0
         # How many steps chose each length: read by tests and the benchmark.
@@ -47,9 +49,6 @@ class DraftLengthController:
     def forget(self, req_id: str) -> None:
         self.tracker.forget(req_id)
 
-    def _probe_length(self) -> int:
-        drafting = [k for k in self.allowed if k > 0]
-        return min(drafting, key=lambda k: abs(k - PROBE_LENGTH)) if drafting else 0
 
     def choose(self, req_ids: Sequence[str]) -> int:
         self.tracker.end_step()
@@ -61,8 +60,8 @@ class DraftLengthController:
                 self._plain_steps = 0
                 self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
                 self.probes += 1
-                self.choices[self._probe_length()] += 1
-                return self._probe_length()  # a probe is not a change of regime
+                self.choices[self.probe_length] += 1
+                return self.probe_length  # a probe is not a change of regime
         else:
             self._plain_steps = 0
             self.probe_every = FIRST_PROBE_EVERY
