@@ -27,6 +27,10 @@ vLLM's ``propose`` runs unchanged, not recorded, in these cases:
 - data parallelism, expert load balancing;
 - queries longer than 1+K (prefills);
 - devices without graphs, ``enforce_eager``, ``SPECDEC_DRAFTER_GRAPHS=0``.
+
+Memory: graphs are recorded after vLLM sized the KV cache, so the worker holds back a
+reservation for them before it does (``reserve_graph_memory``, graph_memory.py), and a
+recording that would go past it is refused: that shape drafts eagerly, with one warning.
 """
 from __future__ import annotations
 
@@ -39,6 +43,14 @@ from vllm.config import CUDAGraphMode
 from specdec_plugin.log import init_logger
 
 from specdec_plugin import envs
+from specdec_plugin.spec_decode.graph_memory import (
+    GraphMemoryBudget,
+    largest_decode_shape,
+    logits_bytes,
+    reservation_bytes,
+    static_input_bytes,
+    tensor_bytes,
+)
 
 logger = init_logger(__name__)
 
@@ -123,6 +135,10 @@ class DrafterGraphs:
         self._graph_stream = None
         self._recording_graph = False
         self._warned_graph_cap = False
+        # Set by the worker before the KV cache is sized (reserve_graph_memory); None: no
+        # reservation was made (no graphs here, or the user fixed the KV cache size).
+        self._graph_budget: GraphMemoryBudget | None = None
+        self._warned_graph_budget = False
 
     def _device_for_graphs(self, device):
         config = self.vllm_config
@@ -132,6 +148,60 @@ class DrafterGraphs:
                 or config.parallel_config.data_parallel_size > 1):
             return None
         return device
+
+    # ---- memory (graph_memory.py says why) ----
+    def reserve_graph_memory(self, measure_peak) -> int:
+        """Bytes to hold back from the KV cache for our graphs; 0 where none are recorded.
+
+        ``measure_peak(fn)`` runs ``fn`` and returns the peak device memory it allocated. The
+        working set is the drafter's own forward passes at the largest decode shape (vLLM's
+        ``dummy_run``: K passes, no attention metadata, so no KV cache is needed yet) plus
+        the logits of one step. From then on recordings are charged against the result.
+        """
+        if self._graph_device is None:
+            return 0
+        config = self.vllm_config
+        shape = largest_decode_shape(self.max_batch_size, self.max_num_tokens,
+                                     self.speculative_config.num_speculative_tokens)
+        forward = measure_peak(lambda: self.dummy_run(shape.num_tokens, use_cudagraphs=False))
+        working_set = forward + logits_bytes(shape.num_reqs,
+                                             self.draft_model_config.get_vocab_size())
+        block_size = config.cache_config.block_size or 16
+        max_blocks = -(-self.max_model_len // block_size)
+        static = static_input_bytes(shape, self._target_hidden_width(), self.dtype, max_blocks)
+        limit = reservation_bytes(working_set, static)
+        self._graph_budget = GraphMemoryBudget(limit)
+        logger.info("specdec_plugin: %.0f MiB held back from the KV cache for drafter graphs "
+                    "(largest step %d requests / %d tokens: working set %.0f MiB, inputs "
+                    "%.1f MiB)", limit / 2**20, shape.num_reqs, shape.num_tokens,
+                    working_set / 2**20, static / 2**20)
+        return limit
+
+    def _target_hidden_width(self) -> int:
+        """Width of ``target_hidden_states`` as the runner passes it: EAGLE-3 gets the target's
+        auxiliary layers side by side (three unless its config names others)."""
+        target = self.vllm_config.model_config.get_hidden_size()
+        if self.method == "eagle3" and getattr(self, "eagle3_use_aux_hidden_state", True):
+            layers = getattr(self.draft_model_config.hf_config,
+                             "eagle_aux_hidden_state_layer_ids", None) or (0, 1, 2)
+            return max(len(layers) * target, self.hidden_size)
+        return max(target, self.hidden_size)
+
+    @staticmethod
+    def _reserved_bytes() -> int:
+        """What the caching allocator holds on the current device (graph pools included)."""
+        return int(torch.accelerator.memory_stats().get("reserved_bytes.all.current", 0))
+
+    def _budget_allows(self, key: tuple, static_bytes: int) -> bool:
+        budget = self._graph_budget
+        if budget is None or budget.allows(static_bytes):
+            return True
+        if not self._warned_graph_budget:
+            self._warned_graph_budget = True
+            logger.warning("specdec_plugin: drafter graphs used %.0f of the %.0f MiB held back "
+                           "for them; further batch shapes draft eagerly (first: key %s)",
+                           budget.used / 2**20, budget.limit / 2**20, key[:3])
+        return False
 
     # ---- vLLM's hooks ----
     def _determine_batch_execution_and_padding(self, num_tokens: int,
@@ -196,10 +266,15 @@ class DrafterGraphs:
                 logger.warning("specdec_plugin: %d drafter graphs recorded; further batch shapes "
                                "draft eagerly", MAX_GRAPHS)
             return None
+        live = call.tensors()
+        static_bytes = tensor_bytes(live)
+        if not self._budget_allows(key, static_bytes):
+            self._draft_graphs[key] = None  # drafts eagerly from now on, like a failed one
+            return None
+        reserved_before = self._reserved_bytes() if self._graph_budget is not None else 0
         device = self._graph_device
         if self._graph_pool is None:
             self._graph_pool, self._graph_stream = device.new_graph_pool(), device.new_stream()
-        live = call.tensors()
         static = [None if t is None else torch.empty_like(t) for t in live]
         present = [t for t in static if t is not None]
         start = time.perf_counter()
@@ -219,6 +294,9 @@ class DrafterGraphs:
             return None
         finally:
             self._recording_graph = False
+            if self._graph_budget is not None:  # a failed recording may have grown the pool
+                self._graph_budget.charge(self._reserved_bytes() - reserved_before,
+                                          static_bytes)
         entry = _DraftGraph(graph, present, draft_token_ids)
         self._draft_graphs[key] = entry
         k, max_query_len, num_tokens, _ = key

@@ -16,6 +16,7 @@ from specdec_plugin.adaptive.graphs import AdaptiveGraphsMixin
 
 from specdec_plugin.spec_decode.rejection_sampler import SpecDecRejectionSampler
 from specdec_plugin.spec_decode.runner_drafters import install_drafter
+from specdec_plugin.worker.memory_accounting import reserve_attention_workspaces
 
 
 class SpecDecModelRunner(AdaptiveGraphsMixin, GPUModelRunner):
@@ -28,6 +29,12 @@ class SpecDecModelRunner(AdaptiveGraphsMixin, GPUModelRunner):
                 self.sampler, self.speculative_config, self.device,
                 providers=self.device_layer.kernel_providers,
             )
+
+    def profile_run(self) -> None:
+        # Our attention workspace would otherwise be allocated with the KV cache, after vLLM
+        # sized it: reserved now, the profile's peak counts it (worker/memory_accounting.py).
+        reserve_attention_workspaces(self)
+        super().profile_run()
 
     def _sync_device(self) -> None:
         self.device_layer.synchronize()

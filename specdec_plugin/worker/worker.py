@@ -17,6 +17,7 @@ from vllm.v1.worker.workspace import init_workspace_manager
 from specdec_plugin import envs
 from specdec_plugin.patches import apply_worker_patches
 from specdec_plugin.worker.device_index import dp_adjusted_local_rank, visible_device_index
+from specdec_plugin.worker.memory_accounting import kv_cache_bytes_after, memory_outside_profile
 from specdec_plugin.worker.model_runner import SpecDecModelRunner
 
 logger = init_logger(__name__)
@@ -71,7 +72,17 @@ class SpecDecWorker(Worker):
     @torch.inference_mode()
     def determine_available_memory(self) -> int:
         if self.device_layer.measures_memory():
-            return super().determine_available_memory()
+            available = super().determine_available_memory()
+            if self.cache_config.kv_cache_memory_bytes:
+                return available  # the user's size, as vLLM takes it
+            # What vLLM's profile did not see (worker/memory_accounting.py).
+            outside = memory_outside_profile(self)
+            kept = kv_cache_bytes_after(available, outside)
+            self.available_kv_cache_memory_bytes = kept
+            logger.info("specdec_plugin: KV cache %s GiB after holding back %s (GiB) outside "
+                        "vLLM's profile", format_gib(kept),
+                        ", ".join(f"{k} {format_gib(v)}" for k, v in outside.items()))
+            return kept
         # No device memory to measure, so no full-size profiling pass (on CPU it took most of
         # the engine start): one short forward and sampling pass exercise every kernel once.
         runner = self.model_runner

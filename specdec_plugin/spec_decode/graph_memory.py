@@ -1,0 +1,105 @@
+"""How much device memory our drafter graphs may take, reserved before vLLM sizes the KV cache.
+
+Why: drafter graphs (drafter_graphs.py) are recorded lazily, per batch shape, while the engine
+serves, long after vLLM gave every byte it was allowed (``gpu_memory_utilization``) to the KV
+cache. vLLM's profiler sees none of them. Without a reservation a server at 0.95 runs out of
+memory the first time a large batch records its graph.
+
+What a recording holds on the device:
+- its static input buffers (the inputs ``propose`` reads, copied in before each replay), one
+  set per graph, from the ordinary allocator;
+- the graph's working memory, in the private pool all our graphs share: they replay one after
+  another, so the pool grows to about the largest graph's working set, not the sum;
+- the eager warm-up pass before recording runs on our side stream, and the caching allocator
+  keeps what it freed there for that stream: again about one largest working set.
+
+So the reservation is ``PEAK_COPIES`` working sets of the largest decode shape plus
+``STATIC_COPIES`` static-buffer sets of that shape. The working set is measured at start-up
+(the drafter's own forward passes at that shape, plus its logits), the buffers are computed
+from the shapes. At run time ``GraphMemoryBudget`` charges each recording what the allocator
+really reserved for it, and refuses a recording that would go past the reservation: that
+shape then drafts eagerly (as a failed recording does), so the reservation is a bound, not a
+hope.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# The graph pool and the side stream's cache: one largest working set each.
+PEAK_COPIES = 2
+# Static input buffers are per graph. A smaller batch's buffers cost proportionally less, so
+# this many largest-shape sets pay for many more graphs of the shapes traffic usually has.
+STATIC_COPIES = 8
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """The largest decode step the drafter can be asked to draft for (the graph key's sizes)."""
+
+    num_reqs: int
+    num_tokens: int  # target tokens of the step: every request verifies K drafts
+
+
+def largest_decode_shape(max_num_reqs: int, max_num_tokens: int, k: int) -> DecodeShape:
+    """Recorded steps have queries of at most 1+K tokens (longer ones draft eagerly), so the
+    largest is as many full 1+K queries as the token budget allows."""
+    query_len = 1 + k
+    num_reqs = max(1, min(max_num_reqs, max_num_tokens // query_len))
+    return DecodeShape(num_reqs, num_reqs * query_len)
+
+
+def static_input_bytes(shape: DecodeShape, hidden_width: int, hidden_dtype: torch.dtype,
+                       max_blocks_per_req: int) -> int:
+    """Bytes of one graph's static inputs at ``shape`` (drafter_graphs._ProposeCall.tensors:
+    token ids, positions, hidden states, next token ids, indices to sample, rejected counts,
+    query start locations, sequence lengths, block table, slot mapping). Index dtypes are
+    taken at their widest (int64) so the estimate does not fall short."""
+    n, t = shape.num_reqs, shape.num_tokens
+    index_elems = (t + t  # token ids, positions
+                   + n + n + n  # next token ids, indices to sample, rejected
+                   + (n + 1) + n  # query start locations, sequence lengths
+                   + n * max_blocks_per_req  # block table
+                   + t)  # slot mapping
+    hidden = t * hidden_width * torch.empty((), dtype=hidden_dtype).element_size()
+    return index_elems * 8 + hidden
+
+
+def logits_bytes(num_reqs: int, vocab_size: int) -> int:
+    """One drafting step's logits for every request, and a float32 copy of them (sampling)."""
+    return num_reqs * vocab_size * 4 * 2
+
+
+def reservation_bytes(working_set: int, static_bytes: int) -> int:
+    return PEAK_COPIES * max(working_set, 0) + STATIC_COPIES * max(static_bytes, 0)
+
+
+class GraphMemoryBudget:
+    """The bytes reserved for drafter graphs at start-up, and what recordings have used.
+
+    A recording is allowed while what has been charged, plus what this one's static buffers
+    need, plus the largest pool growth one recording has caused so far, still fits. The first
+    recording is always allowed: the reservation was sized for the largest one."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = int(limit)
+        self.used = 0
+        self.largest_growth = 0
+        self.recordings = 0
+
+    def allows(self, static_bytes: int) -> bool:
+        if self.recordings == 0:
+            return True
+        return self.used + static_bytes + self.largest_growth <= self.limit
+
+    def charge(self, grown: int, static_bytes: int) -> None:
+        """``grown``: what the allocator reserved across the recording (buffers included)."""
+        grown = max(int(grown), 0)
+        self.used += max(grown, static_bytes)
+        self.largest_growth = max(self.largest_growth, grown - static_bytes)
+        self.recordings += 1
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
