@@ -17,13 +17,17 @@ enforce_eager / ``mode=NONE`` our kernels run); ``+rms_norm`` / ``-silu_and_mul`
 ``register_oot`` renames the class to the registry key ("RMSNorm"); we set the in-tree op name
 back, so those ``+name`` / ``-name`` switches keep applying to our subclasses. The switch is
 read once per process config, not per model: a drafter that runs eagerly next to a compiled
-target gets ``forward_native`` too, unless it is built inside ``custom_ops_forced(True)``.
+target gets ``forward_native`` too.
+
+The kernel providers are passed down, not kept in module state: each registered class carries
+the providers it was registered with (``kernel_providers``), and every layer it builds picks its
+kernel from them. A later ``register_custom_ops`` with other providers registers new classes for
+the layers built after it; layers already built keep theirs.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 from specdec_plugin.log import init_logger
@@ -31,12 +35,6 @@ from specdec_plugin.log import init_logger
 from specdec_plugin.ops.registry import get_kernel
 
 logger = init_logger(__name__)
-
-# Kernel providers, in order of preference, for layers built from now on.
-_providers: tuple[str, ...] = ("torch",)
-# Set by custom_ops_forced: our layers built meanwhile are enabled / disabled regardless of
-# compilation_config.custom_ops. None: follow it, as vLLM's own layers do.
-_forced: bool | None = None
 
 _ROTARY_MODULE = "vllm.model_executor.layers.rotary_embedding"
 # RotaryEmbedding subclasses that differ only in how the cos/sin cache is computed. Any of them
@@ -54,34 +52,22 @@ _PLAIN_ROTARY_CLASSES = (
 )
 
 
-class _Switchable:
-    """``enabled()`` (read by ``CustomOp.dispatch_forward`` at construction) obeys
-    ``custom_ops_forced`` when it is active."""
+class _KernelLayer:
+    """Mixed in front of one of vLLM's layers; the registered class sets ``kernel_providers``
+    (``_register``) and ``_specdec_op`` names the registry kernel its ``forward_oot`` runs."""
 
-    @classmethod
-    def enabled(cls) -> bool:
-        return _forced if _forced is not None else super().enabled()
-
-
-@contextlib.contextmanager
-def custom_ops_forced(enabled: bool = True) -> Iterator[None]:
-    """Layers of ours built inside run ``forward_oot`` (True) or ``forward_native`` (False)
-    whatever ``compilation_config.custom_ops`` says, e.g. an eagerly run drafter built in a
-    process whose config disables custom ops for the compiled target."""
-    global _forced
-    previous, _forced = _forced, enabled
-    try:
-        yield
-    finally:
-        _forced = previous
-
-
-class _RMSNormOot(_Switchable):
-    """Mixed in front of vLLM's RMSNorm."""
+    kernel_providers: tuple[str, ...] = ("torch",)
+    _specdec_op: str
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._specdec_kernel = get_kernel("rms_norm", _providers)
+        self._specdec_kernel = get_kernel(self._specdec_op, self.kernel_providers)
+
+
+class _RMSNormOot(_KernelLayer):
+    """Mixed in front of vLLM's RMSNorm."""
+
+    _specdec_op = "rms_norm"
 
     def forward_oot(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         # var_hidden_size (variance over a prefix of the row) is not part of our op.
@@ -94,12 +80,10 @@ class _RMSNormOot(_Switchable):
         return self._specdec_kernel(x, weight, self.variance_epsilon, residual)
 
 
-class _SiluAndMulOot(_Switchable):
+class _SiluAndMulOot(_KernelLayer):
     """Mixed in front of vLLM's SiluAndMul."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._specdec_kernel = get_kernel("silu_and_mul", _providers)
+    _specdec_op = "silu_and_mul"
 
     def forward_oot(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] % 2:
@@ -115,12 +99,10 @@ def _rotates_in_place(x: torch.Tensor, num_tokens: int, head_size: int) -> bool:
         return False
 
 
-class _RotaryOot(_Switchable):
+class _RotaryOot(_KernelLayer):
     """Mixed in front of vLLM's RotaryEmbedding (or a subclass with the same forward)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._specdec_kernel = get_kernel("rotary_embedding", _providers)
+    _specdec_op = "rotary_embedding"
 
     def forward_oot(self, positions: torch.Tensor, query: torch.Tensor,
                     key: torch.Tensor | None = None):
@@ -138,8 +120,9 @@ class _RotaryOot(_Switchable):
                                     self.rotary_dim, self.is_neox_style)
 
 
-def _register(base: type, mixin: type) -> type | None:
-    """Register ``mixin`` + ``base`` as the OOT replacement of ``base``; None if one exists."""
+def _register(base: type, mixin: type, providers: tuple[str, ...]) -> type | None:
+    """Register ``mixin`` + ``base``, running ``providers``' kernels, as the OOT replacement of
+    ``base``; None if that is already registered or another plugin's replacement exists."""
     from vllm.model_executor.custom_op import CustomOp, op_registry_oot
 
     key = base.__name__  # what CustomOp.__new__ looks up
@@ -148,9 +131,13 @@ def _register(base: type, mixin: type) -> type | None:
         if not getattr(existing, "_specdec_oot", False):
             logger.warning("specdec_plugin: %s already has an out-of-tree replacement (%s); "
                            "leaving it in place", key, existing.__qualname__)
-        return None
+            return None
+        if existing.kernel_providers == providers:
+            return None
+        del op_registry_oot[key]  # ours, with other providers: replace it
     in_tree_name = base.name
     oot_cls = type(f"SpecDec{key}", (mixin, base), {"_specdec_oot": True,
+                                                    "kernel_providers": providers,
                                                     "__module__": __name__})
     CustomOp.register_oot(oot_cls, name=key)
     # register_oot set name = key; keep vLLM's op name so custom_ops "+rms_norm" still applies.
@@ -178,17 +165,17 @@ def register_custom_ops(providers: Sequence[str] = ("torch",)) -> list[str]:
     """Make vLLM build our subclasses of its RMSNorm, SiluAndMul and plain RotaryEmbedding
     layers, running the kernels of the first of ``providers`` that has one (torch last).
 
-    Idempotent; a later call only changes the providers of layers built after it. Returns the
-    class names newly registered.
+    Idempotent; a later call with other providers changes only the layers built after it.
+    Returns the class names newly registered (or re-registered with other providers).
     """
-    global _providers
-    _providers = tuple(providers)
+    providers = tuple(providers)
     from vllm.model_executor.layers.activation import SiluAndMul
     from vllm.model_executor.layers.layernorm import RMSNorm
 
     pairs = [(RMSNorm, _RMSNormOot), (SiluAndMul, _SiluAndMulOot)]
     pairs += [(cls, _RotaryOot) for cls in _plain_rotary_classes()]
-    registered = [base.__name__ for base, mixin in pairs if _register(base, mixin) is not None]
+    registered = [base.__name__ for base, mixin in pairs
+                  if _register(base, mixin, providers) is not None]
     if registered:
-        logger.info("specdec_plugin: out-of-tree layers %s (kernels: %s)", registered, _providers)
+        logger.info("specdec_plugin: out-of-tree layers %s (kernels: %s)", registered, providers)
     return registered

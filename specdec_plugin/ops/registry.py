@@ -5,6 +5,10 @@ Each op lives in its own package under ``specdec_plugin/ops/<op>/`` with a pure-
 same signature. The table below maps op name -> provider -> "module:function"; modules are
 imported only when a provider is asked for, so the CPU path never imports Triton.
 
+Every provider of an op calls the op's validator (``ops/<folder>/validate.py``) first, so none
+accepts inputs another rejects; ``tests/ops/test_<folder>.py`` compares every provider listed
+here with the torch reference.
+
 The device layer (``specdec_plugin.device``) says which providers it prefers, in order;
 ``get_kernel`` returns the first one the op has. Adding a kernel means one line here.
 """
@@ -97,6 +101,12 @@ def has_graph_safe_kernel(op: str, providers: Sequence[str]) -> bool:
     impls = KERNELS.get(op, {})
     chosen = next((p for p in (*providers, "torch") if p in impls), None)
     return chosen in GRAPH_SAFE_PROVIDERS
+
+
+def op_folder(op: str) -> str:
+    """The ``ops/<folder>/`` package that implements ``op`` (its tests: tests/ops/test_<folder>.py)."""
+    module = KERNELS[op]["torch"].partition(":")[0]
+    return module[len(_OPS) + 1:].partition(".")[0]
 
 
 def _load(path: str) -> Callable:

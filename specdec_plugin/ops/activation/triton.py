@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec_plugin.ops.activation.validate import check_silu_and_mul
+
 _BLOCK = 1024
 
 
@@ -31,9 +33,8 @@ def _silu_and_mul_kernel(
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    check_silu_and_mul(x)
     width = x.shape[-1]
-    if width % 2:
-        raise ValueError(f"last dimension must be even, got {width}")
     d = width // 2
     x_rows = x.reshape(-1, width)
     if x_rows.stride(1) != 1:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from specdec_plugin.ops.rms_norm.validate import check_rms_norm
+
 
 def _normalise(x32: torch.Tensor, weight: torch.Tensor | None, eps: float,
                out_dtype: torch.dtype) -> torch.Tensor:
@@ -23,6 +25,7 @@ def rms_norm(
     eps: float,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    check_rms_norm(x, weight, residual)
     x32 = x.to(torch.float32)
     if residual is None:
         return _normalise(x32, weight, eps, x.dtype)

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec_plugin.ops.rms_norm.validate import check_rms_norm
+
 _MAX_SINGLE_PASS = 8192
 
 
@@ -84,13 +86,10 @@ def rms_norm(
     eps: float,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    check_rms_norm(x, weight, residual)
     hidden = x.shape[-1]
-    if weight is not None and weight.shape != (hidden,):
-        raise ValueError(f"weight shape {tuple(weight.shape)} != ({hidden},)")
     if weight is not None and weight.stride(0) != 1:
         weight = weight.contiguous()
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
     x_rows = _as_rows(x, hidden)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     out_rows = out.view(-1, hidden)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from specdec_plugin.ops.rotary.validate import check_rotary
+
 
 def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
     """``x`` [tokens, heads, rotary_dim] rotated; cos/sin [tokens, 1, rotary_dim / 2]."""
@@ -30,8 +32,11 @@ def apply_rotary(
     rotary_dim: int,
     is_neox: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    check_rotary(positions, query, key, cos_sin_cache, head_size, rotary_dim)
     positions = positions.reshape(-1)
     num_tokens = positions.shape[0]
+    if num_tokens == 0:  # view(0, -1, head_size) below has no size to infer
+        return query, key
     cos_sin = cos_sin_cache.to(query.dtype).index_select(0, positions)
     cos, sin = cos_sin.unsqueeze(-2).chunk(2, dim=-1)
     for x in (query, key):

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec_plugin.ops.rotary.validate import check_rotary
+
 # Elements (heads x rotary_dim / 2) one program rotates per tensor half.
 _TILE = 512
 
@@ -87,20 +89,15 @@ def apply_rotary(
     rotary_dim: int,
     is_neox: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if rotary_dim % 2 or not 0 < rotary_dim <= head_size:
-        raise ValueError(f"rotary_dim {rotary_dim} must be even and in (0, {head_size}]")
-    if cos_sin_cache.shape[-1] != rotary_dim:
-        raise ValueError(f"cos_sin_cache width {cos_sin_cache.shape[-1]} != {rotary_dim}")
-    if key is not None and key.dtype != query.dtype:
-        raise ValueError(f"query dtype {query.dtype} != key dtype {key.dtype}")
+    check_rotary(positions, query, key, cos_sin_cache, head_size, rotary_dim)
     positions = positions.reshape(-1)
     num_tokens = positions.shape[0]
+    if num_tokens == 0:  # before the views: view(0, -1, head_size) has no size to infer
+        return query, key
     q = _heads_view(query, num_tokens, head_size)
     k = _heads_view(key, num_tokens, head_size) if key is not None else q
     num_k_heads = k.shape[1] if key is not None else 0
     cache = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
-    if num_tokens == 0:
-        return query, key
 
     half = rotary_dim // 2
     half_pad = triton.next_power_of_2(half)
