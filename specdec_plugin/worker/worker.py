@@ -7,6 +7,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from specdec_plugin.log import init_logger
+from vllm.distributed.parallel_state import get_pp_group
 from vllm.platforms import current_platform
 from vllm.utils.mem_utils import MemorySnapshot, format_gib
 from vllm.utils.torch_utils import set_random_seed
@@ -60,6 +61,13 @@ class SpecDecWorker(Worker):
             torch.accelerator.empty_cache()
             self.init_snapshot = MemorySnapshot(device=self.device)
             self.requested_memory = request_memory(self.init_snapshot, self.cache_config)
+            # What vLLM's budget is measured from: the device's use now plus requested_memory
+            # is what this worker may reach (tests/gpu/test_serve_gpu.py holds it to that).
+            snapshot = self.init_snapshot
+            logger.info("specdec_plugin: device memory at start: %d bytes used of %d; budget "
+                        "%d bytes (gpu_memory_utilization %s)",
+                        snapshot.total_memory - snapshot.free_memory, snapshot.total_memory,
+                        self.requested_memory, self.cache_config.gpu_memory_utilization)
 
         init_workspace_manager(self.device, 2 if self.parallel_config.enable_dbo else 1)
         self.model_runner = SpecDecModelRunner(self.vllm_config, self.device)
@@ -87,7 +95,8 @@ class SpecDecWorker(Worker):
         # the engine start): one short forward and sampling pass exercise every kernel once.
         runner = self.model_runner
         _, last_hidden_states = runner._dummy_run(min(runner.max_num_tokens, PROFILE_TOKENS), is_profile=True)
-        runner._dummy_sampler_run(last_hidden_states)
+        if get_pp_group().is_last_rank:  # earlier pipeline stages have no logits to sample
+            runner._dummy_sampler_run(last_hidden_states)
         budget = self.cache_config.kv_cache_memory_bytes or envs.cpu_kv_cache_bytes()
         logger.info("specdec_plugin: KV cache budget on %s: %s GiB", self.device_layer.name, format_gib(budget))
         return int(budget)
