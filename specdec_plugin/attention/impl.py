@@ -60,6 +60,6 @@ class SpecDecAttentionImpl(AttentionImpl[SpecDecAttentionMetadata]):
             query, key_cache, value_cache, attn_metadata.block_table,
             attn_metadata.query_start_loc, attn_metadata.seq_lens, self.scale, output,
             attn_metadata.max_query_len, attn_metadata.max_seq_len,
-            host_bound=attn_metadata.drafting,
+            host_bound=attn_metadata.drafting, plan_seq_len=attn_metadata.split_plan_seq_len,
         )
         return output

@@ -27,6 +27,10 @@ class SpecDecAttentionMetadata:
     # vLLM runs drafter attention eagerly in a loop bound by host launch cost, so the kernel
     # launches as little as it can. Recorded steps carry the flag too (see the note there).
     drafting: bool = False
+    # The context length the attention kernel plans its KV split for (max_model_len, from
+    # the workspace reservation): the same for captured and eager steps, so one request gets
+    # one summation order on both paths. 0: plan from this step's max_seq_len.
+    split_plan_seq_len: int = 0
 
 
 class SpecDecAttentionMetadataBuilder(AttentionMetadataBuilder[SpecDecAttentionMetadata]):
@@ -41,10 +45,11 @@ class SpecDecAttentionMetadataBuilder(AttentionMetadataBuilder[SpecDecAttentionM
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         # 1+K verification queries are batched like decodes (they share one kernel path).
         self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
-        self._reserve_kernel_workspace(kv_cache_spec, layer_names, vllm_config, device)
+        self._split_plan_seq_len = self._reserve_kernel_workspace(
+            kv_cache_spec, layer_names, vllm_config, device)
 
     def _reserve_kernel_workspace(self, kv_cache_spec: AttentionSpec, layer_names: list[str],
-                                  vllm_config: VllmConfig, device: torch.device) -> None:
+                                  vllm_config: VllmConfig, device: torch.device) -> int:
         # A launch inside graph capture cannot allocate, so size the attention kernel's
         # scratch now for every decode/verify/draft step shape this builder will see.
         from specdec_plugin.ops.registry import get_kernel
@@ -55,9 +60,9 @@ class SpecDecAttentionMetadataBuilder(AttentionMetadataBuilder[SpecDecAttentionM
         spec = vllm_config.speculative_config
         k = spec.num_speculative_tokens if spec is not None and spec.num_speculative_tokens else 0
         reserve = get_kernel("paged_attention_workspace", self.kernel_providers)
-        reserve(vllm_config.scheduler_config.max_num_seqs, (1, 1 + k) if k else (1,),
-                num_q_heads, kv_cache_spec.num_kv_heads, kv_cache_spec.head_size,
-                vllm_config.model_config.max_model_len, kv_cache_spec.dtype, device)
+        return reserve(vllm_config.scheduler_config.max_num_seqs, (1, 1 + k) if k else (1,),
+                       num_q_heads, kv_cache_spec.num_kv_heads, kv_cache_spec.head_size,
+                       vllm_config.model_config.max_model_len, kv_cache_spec.dtype, device)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> SpecDecAttentionMetadata:
@@ -70,6 +75,7 @@ class SpecDecAttentionMetadataBuilder(AttentionMetadataBuilder[SpecDecAttentionM
             seq_lens=cad.seq_lens,
             block_table=cad.block_table_tensor,
             slot_mapping=cad.slot_mapping,
+            split_plan_seq_len=self._split_plan_seq_len,
         )
 
     def build_for_drafting(self, common_attn_metadata: CommonAttentionMetadata,

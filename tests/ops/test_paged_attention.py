@@ -1,9 +1,17 @@
-"""Triton paged attention against the pure-torch reference, on fresh random inputs each run.
+"""Paged attention (``ops/paged_attention``): every registered provider against the pure-torch
+reference, on seeded random inputs, element by element.
 
-CPU: the kernels run under Triton's interpreter (see tests/conftest.py) on tiny shapes.
-GPU (``-m gpu``): realistic shapes, every dtype, split-KV forced on and off, and a CUDA-graph
-capture/replay.
-Each case poisons ``out`` with NaN and checks that exactly the real query rows were written.
+- Registry-driven: each provider the registry lists for ``paged_attention`` (and the workspace
+  reservation that fixes its split plan) runs decode, 1+K verification, prefill, chunked
+  prefill, padding requests and GQA over scattered blocks; C++ on the CPU, Triton on a GPU.
+- Triton's small shapes also run under its interpreter on CPU; on a GPU (``-m gpu``): realistic
+  shapes, every dtype, split-KV forced on and off, and a CUDA-graph capture/replay.
+- ``out`` starts as NaN and has graph-padding rows after the real ones: exactly the real query
+  rows must be written, and each element must match the fp32 reference (``assert_close``).
+- The split plan (so the summation order) is a function of the arguments only.
+- Contract: every provider rejects mismatched shapes and dtypes and a ``max_seq_len`` past the
+  block table; providers on host memory also reject lengths and block ids out of range; an
+  empty batch writes nothing.
 """
 from __future__ import annotations
 
@@ -14,45 +22,53 @@ import torch
 
 pytest.importorskip("triton")
 
+from specdec_plugin.ops.contract import ContractError  # noqa: E402
 from specdec_plugin.ops.paged_attention import reference  # noqa: E402
+from tests.ops.providers import (  # noqa: E402
+    device_for,
+    every_provider,
+    generator,
+    host_providers,
+    kernel,
+    providers_to_compare,
+    small_shape_device,
+)
 
-
-def small_shape_device() -> str:
-    """Where the tiny-shape tests run: the interpreter on CPU (tests/conftest.py switches it on
-    when there is no GPU), else the GPU. Skips if Triton was imported compiled with no GPU."""
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-
-    if isinstance(tl.sum, InterpretedFunction):
-        return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    pytest.skip("no GPU and Triton is not in interpreter mode (set TRITON_INTERPRET=1 before "
-                "anything imports triton)")
+FOLDER = "paged_attention"
+# Element-wise, against the fp32 reference. Half precision: the kernels round the softmax
+# weights to the input dtype before the P @ V product, and the output once more.
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float16: dict(rtol=5e-3, atol=5e-3),
+       torch.bfloat16: dict(rtol=2e-2, atol=3e-2)}
 
 
 def make_case(q_lens, seq_lens, num_q_heads, num_kv_heads, head_size, block_size, dtype, device,
-              extra_tokens=3):
+              extra_tokens=3, generator=None):
     """Random packed queries and a paged cache whose blocks are scattered (a permutation).
 
     Unused block-table entries are -1 so a kernel that reads past a request's length faults or
     poisons its output. ``query`` is a strided view into a wider qkv-like buffer and has
-    ``extra_tokens`` graph-padding rows after the real ones.
+    ``extra_tokens`` graph-padding rows after the real ones. With a (CPU) ``generator`` the
+    case is drawn from it on the CPU, then moved, so every device sees the same numbers.
     """
     num_seqs = len(q_lens)
     blocks_per_seq = [(s + block_size - 1) // block_size for s in seq_lens]
     max_blocks = max(1, max(blocks_per_seq)) + 1
     num_blocks = sum(blocks_per_seq) + 5
-    perm = torch.randperm(num_blocks).tolist()
+    perm = torch.randperm(num_blocks, generator=generator).tolist()
     block_table = torch.full((num_seqs + 2, max_blocks), -1, dtype=torch.int32)
     for i, n in enumerate(blocks_per_seq):
         block_table[i, :n] = torch.tensor([perm.pop() for _ in range(n)], dtype=torch.int32)
 
+    def randn(*shape):
+        if generator is None:
+            return torch.randn(*shape, device=device).to(dtype)
+        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+
     cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
-    key_cache = torch.randn(cache_shape, device=device).to(dtype)
-    value_cache = torch.randn(cache_shape, device=device).to(dtype)
+    key_cache = randn(*cache_shape)
+    value_cache = randn(*cache_shape)
     num_tokens = sum(q_lens) + extra_tokens
-    qkv = torch.randn(num_tokens, num_q_heads + 2 * num_kv_heads, head_size, device=device).to(dtype)
+    qkv = randn(num_tokens, num_q_heads + 2 * num_kv_heads, head_size)
     query = qkv[:, :num_q_heads]
     starts = [0]
     for q in q_lens:
@@ -87,22 +103,24 @@ def reference_out(case):
     return out
 
 
-def run_and_check(kernels, case, tol, num_splits=None, host_bound=False):
-    out = torch.full_like(case["query"], float("nan"))
-    args = {k: v for k, v in case.items()}
-    kernels.paged_attention_splits(**args, out=out, num_splits=num_splits, host_bound=host_bound)
+def check_written(out, case):
+    """``out`` (NaN where unwritten) against the fp32 reference: the real query rows are all
+    written and finite, padding rows untouched, and every element within TOL."""
     ref = reference_out(case)
-
     expect_written = ~torch.isnan(ref)
-    # Real rows fully written (and finite), padding rows untouched.
     assert torch.equal(~torch.isnan(out), expect_written), (
         f"{(torch.isnan(out) & expect_written).sum().item()} real values not written, "
         f"{(~torch.isnan(out) & ~expect_written).sum().item()} padding values written")
     assert expect_written.any()
-    got, want = out[expect_written].float(), ref[expect_written]
-    rel = ((got - want).norm() / want.norm()).item()
-    assert rel < tol, f"relative error {rel:.3e} >= {tol:.0e}"
-    return rel
+    torch.testing.assert_close(out[expect_written].float(), ref[expect_written],
+                               **TOL[case["query"].dtype])
+
+
+def run_and_check(kernels, case, num_splits=None, host_bound=False, plan_seq_len=0):
+    out = torch.full_like(case["query"], float("nan"))
+    kernels.paged_attention_splits(**case, out=out, num_splits=num_splits, host_bound=host_bound,
+                                   plan_seq_len=plan_seq_len)
+    check_written(out, case)
 
 
 def random_lengths(rng, num_seqs, max_spec, long_prefill, max_context):
@@ -154,7 +172,7 @@ INTERPRETER_CASES = [
 def test_small_fixed_shapes(small, q_lens, seq_lens, hq, hkv, d, bs, splits):
     kernels, device = small
     case = make_case(q_lens, seq_lens, hq, hkv, d, bs, torch.float32, device)
-    run_and_check(kernels, case, 1e-3, splits)
+    run_and_check(kernels, case, splits)
 
 
 @pytest.mark.parametrize("trial", range(3))
@@ -165,20 +183,189 @@ def test_small_random_batches(small, trial):
     hkv = rng.choice([1, 2])
     case = make_case(q_lens, seq_lens, hkv * rng.choice([1, 2, 4]), hkv, 32,
                      rng.choice([16, 32, 64]), torch.float32, device)
-    run_and_check(kernels, case, 1e-3, rng.choice([None, 1, 2, 4]))
+    run_and_check(kernels, case, rng.choice([None, 1, 2, 4]))
 
 
 def test_small_check_catches_a_wrong_scale(small):
     """The comparison itself can fail: a scale off by 10% must be caught."""
     kernels, device = small
     case = make_case([1, 4], [20, 30], 4, 2, 32, 16, torch.float32, device)
-    case["scale"] *= 1.1
     out = torch.full_like(case["query"], float("nan"))
-    kernels.paged_attention_splits(**case, out=out, num_splits=None)
-    case["scale"] /= 1.1
-    ref = reference_out(case)
-    written = ~torch.isnan(ref)
-    assert ((out[written] - ref[written]).norm() / ref[written].norm()).item() > 1e-3
+    kernels.paged_attention_splits(**{**case, "scale": case["scale"] * 1.1}, out=out,
+                                   num_splits=None)
+    with pytest.raises(AssertionError):
+        check_written(out, case)
+
+
+def test_split_plan_depends_only_on_the_arguments(small, monkeypatch):
+    """The split count (and so the summation order) follows from the launch's own arguments,
+    ``plan_seq_len`` included: a workspace reserved meanwhile for a longer context (another
+    layer group, another engine in the process) changes neither the plan nor a bit of ``out``.
+    The GPU's SM count is fixed here so that the interpreter plans splits as an H100 would."""
+    kernels, device = small
+    monkeypatch.setattr(kernels, "_device_index", lambda device: 0)
+    monkeypatch.setattr(kernels, "_sm_count", lambda device_index: 132)
+    plans = []
+    launch_plan = kernels._launch_plan
+
+    def recorded(*args):
+        plans.append(launch_plan(*args))
+        return plans[-1]
+
+    monkeypatch.setattr(kernels, "_launch_plan", recorded)
+    case = make_case([1, 1], [40, 300], 4, 2, 32, 16, torch.float32, device,
+                     generator=generator(5))
+
+    def run(plan_seq_len):
+        out = torch.full_like(case["query"], float("nan"))
+        kernels.paged_attention(**case, out=out, plan_seq_len=plan_seq_len)
+        return out, plans[-1].num_splits
+
+    planned, splits = run(4096)
+    assert kernels.reserve_workspace(4, (1,), 4, 2, 32, 1 << 20, torch.float32,
+                                     torch.device(device)) == 1 << 20
+    again, splits_again = run(4096)
+    assert splits > 1 and splits_again == splits
+    assert torch.equal(planned.nan_to_num(), again.nan_to_num())
+    unplanned, unplanned_splits = run(0)  # plans for this batch's max_seq_len alone
+    assert unplanned_splits < splits
+    check_written(unplanned, case)
+    check_written(planned, case)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every registered provider against the reference (the registry decides which run).
+
+def paged_attention_case(attention, provider, device, dtype, seed):
+    """One seeded random batch through ``attention``; returns (out, case)."""
+    rng = random.Random(seed)
+    q_lens, seq_lens = random_lengths(rng, rng.randint(1, 6), max_spec=8, long_prefill=40,
+                                      max_context=200)
+    hkv = rng.choice([1, 3])
+    case = make_case(q_lens, seq_lens, hkv * rng.choice([1, 3]), hkv, rng.choice([64, 40]),
+                     rng.choice([16, 32]), dtype, device, generator=generator(seed))
+    out = torch.full_like(case["query"], float("nan"))
+    attention(**case, out=out)
+    return out, case
+
+
+def workspace_case(reserve, provider, device, dtype, seed):
+    """The reservation's plan handed to the same provider's attention, as the metadata builder
+    does: every launch planned for the longest context the engine allows."""
+    rng = random.Random(seed)
+    batch, k = rng.randint(1, 6), rng.randint(1, 4)
+    case = make_case([1 + k] * batch, [rng.randint(1 + k, 300) for _ in range(batch)], 8, 2, 64,
+                     16, dtype, device, generator=generator(seed))
+    plan_seq_len = reserve(16, (1, 1 + k), 8, 2, 64, 4096, dtype, torch.device(device))
+    assert plan_seq_len == 4096
+    out = torch.full_like(case["query"], float("nan"))
+    kernel("paged_attention", provider)(**case, out=out, plan_seq_len=plan_seq_len)
+    return out, case
+
+
+CASES = {"paged_attention": paged_attention_case, "paged_attention_workspace": workspace_case}
+
+
+@pytest.mark.parametrize("op,provider", providers_to_compare(FOLDER))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("seed", range(4))
+def test_provider_matches_reference(op, provider, dtype, seed):
+    out, case = CASES[op](kernel(op, provider), provider, device_for(provider), dtype, seed)
+    check_written(out, case)
+
+
+def test_smollm2_decode_and_verify_shapes_cpp():
+    """The shapes the CPU engine runs: 9 query / 3 KV heads of 64, blocks of 16, batch 8,
+    1+K=4, with a padding request."""
+    case = make_case([1, 4, 1, 4, 1, 1, 4, 0], [37, 120, 5, 64, 300, 17, 4, 0], 9, 3, 64, 16,
+                     torch.float32, "cpu", generator=generator(11))
+    out = torch.full_like(case["query"], float("nan"))
+    kernel("paged_attention", "cpp")(**case, out=out)
+    check_written(out, case)
+
+
+def test_cpp_check_catches_a_wrong_scale():
+    case = make_case([1, 4], [20, 30], 4, 2, 64, 16, torch.float32, "cpu")
+    out = torch.full_like(case["query"], float("nan"))
+    kernel("paged_attention", "cpp")(**{**case, "scale": case["scale"] * 1.1}, out=out)
+    with pytest.raises(AssertionError):
+        check_written(out, case)
+
+
+# ---------------------------------------------------------------------------------------------
+# The contract's edges, for every provider (the reference included).
+
+ATTENTION_PROVIDERS = [p for p in every_provider(FOLDER) if p.values[0] == "paged_attention"]
+
+
+def _contract_case(provider):
+    return make_case([1, 3], [20, 40], 4, 2, 32, 16, torch.float32, device_for(provider),
+                     generator=generator(2))
+
+
+def _rejects(attention, case, out, bad: dict) -> None:
+    for what, change in bad.items():
+        try:
+            attention(**{**case, "out": out, **change})
+        except ContractError:
+            continue
+        pytest.fail(f"accepted: {what}")
+    assert torch.isnan(out).all()  # rejected before anything was written
+
+
+@pytest.mark.parametrize("op,provider", ATTENTION_PROVIDERS)
+def test_contract_rejects_mismatched_inputs(op, provider):
+    case = _contract_case(provider)
+    out = torch.full_like(case["query"], float("nan"))
+    _rejects(kernel(op, provider), case, out, {
+        "out shape": dict(out=out[:, :2]),
+        "out dtype": dict(out=out.double()),
+        "cache dtype": dict(key_cache=case["key_cache"].double(),
+                            value_cache=case["value_cache"].double()),
+        "head size": dict(query=case["query"][..., :16], out=out[..., :16]),
+        "index dtype": dict(seq_lens=case["seq_lens"].long()),
+        "max_seq_len past the block table":
+            dict(max_seq_len=16 * case["block_table"].shape[1] + 1),
+        "seq_lens longer than query_start_loc":
+            dict(query_start_loc=case["query_start_loc"][:2]),
+    })
+
+
+@pytest.mark.parametrize("op,provider", [p for p in host_providers(FOLDER)
+                                         if p.values[0] == "paged_attention"])
+def test_contract_rejects_out_of_range_lengths_and_blocks(op, provider):
+    attention, case = kernel(op, provider), _contract_case(provider)
+    out = torch.full_like(case["query"], float("nan"))
+    num_blocks = case["key_cache"].shape[0]
+    read = case["block_table"].clone()
+    read[1, 1] = num_blocks  # request 1 reads its second block (seq_len 40 > 16)
+    unread = case["block_table"].clone()
+    unread[1, 3] = num_blocks  # past request 1's blocks: never read, so allowed
+    _rejects(attention, case, out, {
+        "block id past the cache": dict(block_table=read),
+        "q_len > seq_len": dict(seq_lens=torch.tensor([20, 2], dtype=torch.int32)),
+        "seq_len > max_seq_len": dict(max_seq_len=39),
+        "q_len > max_query_len": dict(max_query_len=2),
+        "query rows past the tensor":
+            dict(query_start_loc=torch.tensor([0, 1, 99], dtype=torch.int32)),
+    })
+    attention(**{**case, "block_table": unread, "out": out})
+    check_written(out, case)
+    # The same tensors again after an in-place write: checked again, not remembered as good.
+    attention(**case, out=torch.full_like(out, float("nan")))
+    case["block_table"][1, 1] = num_blocks
+    _rejects(attention, case, torch.full_like(out, float("nan")), {"block written in place": {}})
+
+
+@pytest.mark.parametrize("op,provider", ATTENTION_PROVIDERS)
+def test_empty_batch_writes_nothing(op, provider):
+    case = _contract_case(provider)
+    out = torch.full_like(case["query"], float("nan"))
+    empty = {**case, "seq_lens": case["seq_lens"][:0],
+             "query_start_loc": case["query_start_loc"][:1], "max_query_len": 0,
+             "max_seq_len": 0}
+    kernel(op, provider)(**empty, out=out)
+    assert torch.isnan(out).all()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,9 +374,6 @@ def test_small_check_catches_a_wrong_scale(small):
 def _gpu_kernels():
     from specdec_plugin.ops.paged_attention import triton as kernels
     return kernels
-
-
-GPU_TOL = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-3}
 
 
 @pytest.mark.gpu
@@ -212,7 +396,7 @@ def test_gpu_llama_gqa(dtype, scenario, splits):
         q_lens = [rng.randint(1, 2048) for _ in range(batch // 4)]
         seq_lens = list(q_lens)
     case = make_case(q_lens, seq_lens, 32, 8, 128, rng.choice([16, 32, 64]), dtype, "cuda")
-    run_and_check(_gpu_kernels(), case, GPU_TOL[dtype], splits)
+    run_and_check(_gpu_kernels(), case, splits)
 
 
 @pytest.mark.gpu
@@ -222,7 +406,7 @@ def test_gpu_head_configs(hq, hkv, d, splits):
     rng = random.Random()
     q_lens, seq_lens = random_lengths(rng, 6, max_spec=10, long_prefill=300, max_context=2000)
     case = make_case(q_lens, seq_lens, hq, hkv, d, rng.choice([16, 32, 64]), torch.bfloat16, "cuda")
-    run_and_check(_gpu_kernels(), case, 1e-2, splits)
+    run_and_check(_gpu_kernels(), case, splits)
 
 
 @pytest.mark.gpu
@@ -233,7 +417,7 @@ def test_gpu_host_bound_launch(batch, q_len):
     matches the reference."""
     seq_lens = [random.randint(q_len, 600) for _ in range(batch - 1)] + [random.randint(2500, 8000)]
     case = make_case([q_len] * batch, seq_lens, 32, 8, 128, 16, torch.bfloat16, "cuda")
-    run_and_check(_gpu_kernels(), case, 1e-2, host_bound=True)
+    run_and_check(_gpu_kernels(), case, host_bound=True)
 
 
 @pytest.mark.gpu
@@ -266,11 +450,7 @@ def test_gpu_cuda_graph_replay():
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        ref = reference_out(new)
-        written = ~torch.isnan(ref)
-        assert torch.equal(~torch.isnan(out), written)
-        rel = ((out[written].float() - ref[written]).norm() / ref[written].norm()).item()
-        assert rel < 1e-2, rel
+        check_written(out, new)
 
 
 @pytest.mark.gpu

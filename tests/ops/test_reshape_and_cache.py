@@ -1,8 +1,15 @@
-"""Triton KV-cache write against the pure-torch reference, on fresh random inputs each run.
+"""KV-cache write (``ops/reshape_and_cache``): every registered provider against the torch
+reference, on seeded random inputs.
 
-Tiny shapes run in Triton's interpreter on CPU (see tests/conftest.py). The caches start full
-of random values (the "poison"): after the write, every slot must equal what the reference gives, so slots that should be written were, and slots of padded tokens
-(slot -1) and untouched slots kept their old contents, bit for bit.
+The caches start full of random values (the "poison"): after the write, every slot must equal
+what the reference gives, bit for bit, so slots that should be written were, and slots of padded
+tokens (slot -1) and untouched slots kept their old contents. key/value are strided views with
+rows past the slot mapping, which must not be read.
+
+- Registry-driven: C++ on the CPU, Triton on a GPU (``gpu``); Triton's small shapes also run
+  under its interpreter on CPU.
+- Contract: every provider rejects mismatched shapes and more slots than key rows; providers on
+  host memory also reject a slot past the cache; an empty or all-padding batch writes nothing.
 """
 from __future__ import annotations
 
@@ -11,22 +18,34 @@ import torch
 
 pytest.importorskip("triton")
 
+from specdec_plugin.ops.contract import ContractError  # noqa: E402
 from specdec_plugin.ops.reshape_and_cache import reference  # noqa: E402
+from tests.ops.providers import (  # noqa: E402
+    device_for,
+    every_provider,
+    generator,
+    host_providers,
+    kernel,
+    providers_to_compare,
+    small_shape_device,
+)
 
-from .test_paged_attention import small_shape_device  # noqa: E402
+FOLDER = "reshape_and_cache"
 
 
 def make_case(num_tokens, num_kv_heads, head_size, block_size, num_blocks, dtype, cache_dtype,
-              device, pad_fraction=0.25):
+              device, pad_fraction=0.25, seed=0):
+    g = generator(seed)
     # key/value are strided views into a qkv-like buffer, with rows past the slot mapping.
-    qkv = torch.randn(num_tokens + 2, 3 * num_kv_heads, head_size, device=device).to(dtype)
+    qkv = torch.randn(num_tokens + 2, 3 * num_kv_heads, head_size, generator=g)
+    qkv = qkv.to(device=device, dtype=dtype)
     key, value = qkv[:, num_kv_heads: 2 * num_kv_heads], qkv[:, 2 * num_kv_heads:]
-    slots = torch.randperm(num_blocks * block_size, device=device)[:num_tokens]
-    padded = torch.rand(num_tokens, device=device) < pad_fraction
-    slot_mapping = torch.where(padded, torch.full_like(slots, -1), slots)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:num_tokens]
+    padded = torch.rand(num_tokens, generator=g) < pad_fraction
+    slot_mapping = torch.where(padded, torch.full_like(slots, -1), slots).to(device)
     shape = (num_blocks, block_size, num_kv_heads, head_size)
-    key_cache = torch.randn(shape, device=device).to(cache_dtype)
-    value_cache = torch.randn(shape, device=device).to(cache_dtype)
+    key_cache = torch.randn(shape, generator=g).to(device=device, dtype=cache_dtype)
+    value_cache = torch.randn(shape, generator=g).to(device=device, dtype=cache_dtype)
     return key, value, key_cache, value_cache, slot_mapping
 
 
@@ -35,10 +54,26 @@ def check(kernel, key, value, key_cache, value_cache, slot_mapping):
     reference.reshape_and_cache(key, value, want_k, want_v, slot_mapping)
     before_k = key_cache.clone()
     kernel(key, value, key_cache, value_cache, slot_mapping)
-    assert torch.equal(key_cache, want_k)
-    assert torch.equal(value_cache, want_v)
-    # Non-vacuous: the write changed something, and padded tokens existed in the case.
+    # A copy with one rounding: element-wise exact.
+    torch.testing.assert_close(key_cache, want_k, rtol=0, atol=0)
+    torch.testing.assert_close(value_cache, want_v, rtol=0, atol=0)
+    # Non-vacuous: the write changed something.
     assert not torch.equal(key_cache, before_k)
+
+
+SHAPES = [(7, 2, 32, 16), (20, 1, 64, 32), (33, 4, 16, 64), (40, 3, 64, 16)]
+DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+          (torch.float16, torch.float16), (torch.float32, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("op,provider", providers_to_compare(FOLDER))
+@pytest.mark.parametrize("dtype,cache_dtype", DTYPES)
+@pytest.mark.parametrize("num_tokens,heads,head_size,block_size", SHAPES)
+def test_provider_matches_reference(op, provider, dtype, cache_dtype, num_tokens, heads,
+                                    head_size, block_size):
+    case = make_case(num_tokens, heads, head_size, block_size, 6, dtype, cache_dtype,
+                     device_for(provider), seed=num_tokens)
+    check(kernel(op, provider), *case)
 
 
 @pytest.fixture(scope="module")
@@ -48,31 +83,76 @@ def small():
     return reshape_and_cache, small_shape_device()
 
 
-@pytest.mark.parametrize("num_tokens,heads,head_size,block_size", [
-    (7, 2, 32, 16), (20, 1, 64, 32), (33, 4, 16, 64),
-])
+@pytest.mark.parametrize("num_tokens,heads,head_size,block_size", SHAPES[:3])
 def test_small_matches_reference(small, num_tokens, heads, head_size, block_size):
     kernel, device = small
     case = make_case(num_tokens, heads, head_size, block_size, 6, torch.float32, torch.float32,
-                     device)
+                     device, seed=1)
     check(kernel, *case)
 
 
-def test_small_all_padding_leaves_cache_alone(small):
+def test_small_converts_to_cache_dtype(small):
     kernel, device = small
+    case = make_case(9, 2, 32, 16, 4, torch.float32, torch.float16, device, seed=2)
+    check(kernel, *case)
+
+
+def test_small_chunked_rows(small, monkeypatch):
+    """Rows wider than one program's chunk are split across programs (grid axis 1)."""
+    from specdec_plugin.ops.reshape_and_cache import triton as kv_triton
+
+    kernel, device = small
+    monkeypatch.setattr(kv_triton, "_MAX_CHUNK", 32)
+    case = make_case(6, 3, 32, 16, 4, torch.float32, torch.float32, device, seed=3)
+    check(kernel, *case)
+
+
+@pytest.mark.parametrize("op,provider", every_provider(FOLDER))
+def test_all_padding_or_empty_writes_nothing(op, provider):
+    write = kernel(op, provider)
     key, value, key_cache, value_cache, slot_mapping = make_case(
-        5, 2, 32, 16, 3, torch.float32, torch.float32, device)
-    slot_mapping.fill_(-1)
+        5, 2, 32, 16, 3, torch.float32, torch.float32, device_for(provider), seed=4)
     before = key_cache.clone(), value_cache.clone()
-    kernel(key, value, key_cache, value_cache, slot_mapping)
+    write(key, value, key_cache, value_cache, torch.full_like(slot_mapping, -1))
+    write(key, value, key_cache, value_cache, slot_mapping[:0])
     assert torch.equal(key_cache, before[0]) and torch.equal(value_cache, before[1])
 
 
+@pytest.mark.parametrize("op,provider", every_provider(FOLDER))
+def test_contract_rejects_mismatched_shapes(op, provider):
+    write = kernel(op, provider)
+    key, value, key_cache, value_cache, slot_mapping = make_case(
+        5, 2, 32, 16, 3, torch.float32, torch.float32, device_for(provider), seed=5)
+    before = key_cache.clone()
+    bad = {
+        "more slots than key rows": (key[:3], value[:3], key_cache, value_cache, slot_mapping),
+        "key heads": (key[:, :1], value[:, :1], key_cache, value_cache, slot_mapping),
+        "value shape": (key, value[:, :, :16], key_cache, value_cache, slot_mapping),
+        "cache shapes": (key, value, key_cache, value_cache[:2], slot_mapping),
+        "slot dtype": (key, value, key_cache, value_cache, slot_mapping.float()),
+    }
+    for what, args in bad.items():
+        try:
+            write(*args)
+        except ContractError:
+            continue
+        pytest.fail(f"accepted: {what}")
+    assert torch.equal(key_cache, before)
+
+
+@pytest.mark.parametrize("op,provider", host_providers(FOLDER))
+def test_contract_rejects_slot_past_the_cache(op, provider):
+    key, value, key_cache, value_cache, slot_mapping = make_case(
+        5, 2, 32, 16, 3, torch.float32, torch.float32, "cpu", seed=6)
+    slot_mapping[2] = 3 * 16  # one past the last slot
+    before = key_cache.clone()
+    with pytest.raises(ContractError, match="slot"):
+        kernel(op, provider)(key, value, key_cache, value_cache, slot_mapping)
+    assert torch.equal(key_cache, before)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype,cache_dtype", [
-    (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
-    (torch.float32, torch.float32), (torch.float32, torch.bfloat16),
-])
+@pytest.mark.parametrize("dtype,cache_dtype", DTYPES)
 @pytest.mark.parametrize("heads,head_size,block_size", [(8, 128, 16), (32, 128, 32), (2, 64, 64)])
 def test_gpu_matches_reference(dtype, cache_dtype, heads, head_size, block_size):
     from specdec_plugin.ops.reshape_and_cache.triton import reshape_and_cache

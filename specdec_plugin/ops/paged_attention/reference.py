@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specdec_plugin.ops.paged_attention.validate import check_paged_attention
+
 
 def _padded_query_index(query_start_loc: torch.Tensor, max_query_len: int):
     """Token index of (request, j) in the packed query, and whether j is a real query row."""
@@ -33,11 +35,15 @@ def paged_attention(
     max_query_len: int,
     max_seq_len: int,
     host_bound: bool = False,
+    plan_seq_len: int = 0,
 ) -> torch.Tensor:
     """Write attention for every real query row into ``out`` (same shape as ``query``).
 
-    ``host_bound`` is a launch hint for the Triton kernel (see there); the result is the same.
+    ``host_bound`` and ``plan_seq_len`` are launch hints for the Triton kernel (see there); the
+    result is the same.
     """
+    check_paged_attention(query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
+                          out, max_query_len, max_seq_len)
     num_seqs = seq_lens.shape[0]
     if num_seqs == 0 or max_query_len == 0 or max_seq_len == 0:
         return out
@@ -74,5 +80,7 @@ def paged_attention(
 
 def reserve_workspace(max_num_seqs: int, query_lens: tuple[int, ...], num_q_heads: int,
                       num_kv_heads: int, head_size: int, max_seq_len: int, dtype: torch.dtype,
-                      device: torch.device) -> None:
-    """The torch reference needs no workspace (same signature as the Triton one)."""
+                      device: torch.device) -> int:
+    """The torch reference needs no workspace (same signature as the Triton one); launches
+    plan for ``max_seq_len`` (the hint is unused here)."""
+    return max_seq_len

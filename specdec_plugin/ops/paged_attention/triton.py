@@ -38,6 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec_plugin.ops.paged_attention.validate import check_paged_attention
+
 # Running max starts finite so a row whose keys are all masked in one tile/split gives
 # exp2(-inf - (-1e30)) = 0 rather than exp2(-inf - -inf) = NaN.
 _M_INIT = tl.constexpr(-1.0e30)
@@ -206,12 +208,6 @@ def _merge_splits_kernel(
 # Host side: tile choice, split heuristic, workspace.
 
 _workspaces: dict[torch.device, torch.Tensor] = {}
-# The context length the split heuristic plans for, per device: max_model_len, recorded by
-# reserve_workspace. Graph capture sees max_seq_len = max_model_len while eager steps see the
-# batch's real lengths; planning both for the same length gives a request the same split count
-# (so the same summation order) in a captured decode graph and in an eager mixed batch. bf16
-# greedy output then does not flip on near-ties between those two paths.
-_planned_seq_len: dict[int | None, int] = {}
 _retired_workspaces: list[torch.Tensor] = []  # kept alive: captured graphs may point at them
 # (device, rows, head_pad) -> (the workspace the views were cut from, (acc, max, sum) views).
 _split_views: dict[tuple, tuple[torch.Tensor, tuple]] = {}
@@ -330,8 +326,17 @@ def paged_attention(
     max_query_len: int,
     max_seq_len: int,
     host_bound: bool = False,
+    plan_seq_len: int = 0,
 ) -> torch.Tensor:
     """Write attention for every real query row into ``out`` (same shape as ``query``).
+
+    ``plan_seq_len``: the context length the split heuristic plans for (at least
+    ``max_seq_len``), the value ``reserve_workspace`` returned: max_model_len in the engine.
+    Graph capture sees max_seq_len = max_model_len while eager steps see the batch's real
+    lengths; planning both for the same length gives a request the same split count (so the
+    same summation order) in a captured decode graph and in an eager mixed batch, so bf16
+    greedy output does not flip on near-ties between those two paths. It is an argument, not
+    process state, so the same inputs always give the same plan.
 
     ``host_bound``: the caller launches eagerly in a loop whose speed is set by host launch
     cost (a drafter's steps: vLLM runs drafter attention outside CUDA graphs), and its results
@@ -340,29 +345,29 @@ def paged_attention(
     """
     return paged_attention_splits(query, key_cache, value_cache, block_table, query_start_loc,
                                   seq_lens, scale, out, max_query_len, max_seq_len, None,
-                                  host_bound)
+                                  host_bound, plan_seq_len)
 
 
 def paged_attention_splits(
     query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale, out,
     max_query_len: int, max_seq_len: int, num_splits: int | None, host_bound: bool = False,
+    plan_seq_len: int = 0,
 ) -> torch.Tensor:
     """``paged_attention`` with the KV split count forced (``None``: heuristic). For tests."""
+    check_paged_attention(query, key_cache, value_cache, block_table, query_start_loc,
+                          seq_lens, out, max_query_len, max_seq_len)
     num_seqs = seq_lens.shape[0]
     if num_seqs == 0 or max_query_len == 0 or max_seq_len == 0:
         return out
     num_q_heads, head = query.shape[1], query.shape[2]
     num_kv_heads = key_cache.shape[2]
-    assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of kv heads"
-    assert query.stride(2) == 1 and out.stride(2) == 1
-    assert key_cache.stride(3) == 1 and value_cache.stride(3) == 1
     device = query.device
     device_index = _device_index(device)
     if host_bound:
         # Round up so that a growing context asks for few distinct plans.
         plan_len, min_keys = triton.next_power_of_2(max_seq_len), _MIN_KEYS_PER_SPLIT_HOST_BOUND
     else:
-        plan_len = max(max_seq_len, _planned_seq_len.get(device_index, 0))
+        plan_len = max(max_seq_len, plan_seq_len)
         min_keys = _MIN_KEYS_PER_SPLIT
     plan = _launch_plan(num_seqs, max_query_len, num_q_heads, num_kv_heads, head, query.dtype,
                         device_index, plan_len, min_keys, num_splits)
@@ -406,8 +411,10 @@ def paged_attention_splits(
 
 def reserve_workspace(max_num_seqs: int, query_lens: tuple[int, ...], num_q_heads: int,
                       num_kv_heads: int, head_size: int, max_seq_len: int, dtype: torch.dtype,
-                      device: torch.device) -> None:
-    """Allocate, before graph capture, the largest split-KV workspace any launch can ask for.
+                      device: torch.device) -> int:
+    """Allocate, before graph capture, the largest split-KV workspace any launch can ask for,
+    and return the ``plan_seq_len`` those launches must pass (``max_seq_len``) so that they
+    split as this reservation planned.
 
     Captured launches cannot grow the workspace (they would run unsplit, slower at small
     batch), so the metadata builder calls this once per layer group with the step shapes it
@@ -416,8 +423,7 @@ def reserve_workspace(max_num_seqs: int, query_lens: tuple[int, ...], num_q_head
     """
     index = _device_index(device)
     if index is None:
-        return
-    _planned_seq_len[index] = max(_planned_seq_len.get(index, 0), max_seq_len)
+        return max_seq_len
     head_pad = max(16, triton.next_power_of_2(head_size))
     group = num_q_heads // num_kv_heads
     largest = 0
@@ -430,3 +436,4 @@ def reserve_workspace(max_num_seqs: int, query_lens: tuple[int, ...], num_q_head
             largest = max(largest, num_seqs * query_len * num_q_heads * splits)
     if largest:
         _workspace(largest * (head_pad + 2), device)
+    return max_seq_len

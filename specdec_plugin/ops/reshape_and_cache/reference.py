@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from specdec_plugin.ops.reshape_and_cache.validate import check_reshape_and_cache
+
 
 def reshape_and_cache(
     key: torch.Tensor,
@@ -11,6 +13,7 @@ def reshape_and_cache(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
+    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
     num_tokens = slot_mapping.shape[0]
     slots = slot_mapping.long()
     keep = slots >= 0  # PAD_SLOT_ID (-1) marks padded tokens that must not touch the cache

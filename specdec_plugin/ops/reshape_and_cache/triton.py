@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec_plugin.ops.reshape_and_cache.validate import check_reshape_and_cache
+
 _MAX_CHUNK = 2048
 
 
@@ -47,12 +49,11 @@ def reshape_and_cache(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
+    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
     num_tokens = slot_mapping.shape[0]
     if num_tokens == 0:
         return
     num_kv_heads, head = key_cache.shape[2], key_cache.shape[3]
-    assert key.stride(-1) == 1 and value.stride(-1) == 1
-    assert key_cache.stride(3) == 1 and value_cache.stride(3) == 1
     row = num_kv_heads * head
     chunk = min(triton.next_power_of_2(row), _MAX_CHUNK)
     _write_kv_kernel[(num_tokens, triton.cdiv(row, chunk))](

@@ -1,0 +1,76 @@
+"""The paged-attention contract (package docstring) as one check every provider runs first."""
+from __future__ import annotations
+
+import torch
+
+from specdec_plugin.ops.contract import CheckedValues, fail, same_device, values_on_host
+
+_OP = "paged_attention"
+_checked = CheckedValues()  # the layers of one step share their metadata tensors
+
+
+def check_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
+                          value_cache: torch.Tensor, block_table: torch.Tensor,
+                          query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                          out: torch.Tensor, max_query_len: int, max_seq_len: int) -> None:
+    if query.dim() != 3 or key_cache.dim() != 4:
+        fail(_OP, f"query must be [tokens, q_heads, head] and the caches [blocks, block_size, "
+                  f"kv_heads, head]; got {tuple(query.shape)} and {tuple(key_cache.shape)}")
+    if value_cache.shape != key_cache.shape or value_cache.dtype != key_cache.dtype:
+        fail(_OP, "key_cache and value_cache differ in shape or dtype")
+    if key_cache.dtype != query.dtype or out.dtype != query.dtype:
+        fail(_OP, f"query {query.dtype}, KV cache {key_cache.dtype} and out {out.dtype} must "
+                  "share one dtype")
+    if out.shape != query.shape:
+        fail(_OP, f"out {tuple(out.shape)} must have the query's shape {tuple(query.shape)}")
+    num_kv_heads, head = key_cache.shape[2], key_cache.shape[3]
+    if query.shape[2] != head or query.shape[1] % num_kv_heads:
+        fail(_OP, f"query heads {query.shape[1]} x {query.shape[2]} do not fit KV heads "
+                  f"{num_kv_heads} x {head}")
+    # Providers address rows by stride but read each head as one contiguous run.
+    if query.stride(2) != 1 or out.stride(2) != 1 or key_cache.stride(3) != 1 \
+            or value_cache.stride(3) != 1:
+        fail(_OP, "query, out and the caches need a unit stride in the head dimension")
+    if block_table.dtype != torch.int32 or query_start_loc.dtype != torch.int32 \
+            or seq_lens.dtype != torch.int32:
+        fail(_OP, "block_table, query_start_loc and seq_lens must be int32")
+    if block_table.dim() != 2 or query_start_loc.dim() != 1 or seq_lens.dim() != 1:
+        fail(_OP, "block_table must be 2-D, query_start_loc and seq_lens 1-D")
+    num_seqs = seq_lens.shape[0]
+    if query_start_loc.shape[0] < num_seqs + 1 or block_table.shape[0] < num_seqs:
+        fail(_OP, f"{num_seqs} requests need query_start_loc of {num_seqs + 1} and "
+                  f"block_table rows {num_seqs}; got {query_start_loc.shape[0]} and "
+                  f"{block_table.shape[0]}")
+    if max_query_len < 0 or max_seq_len < 0 or max_query_len > query.shape[0]:
+        fail(_OP, f"max_query_len {max_query_len} / max_seq_len {max_seq_len} out of range "
+                  f"for {query.shape[0]} query rows")
+    if max_seq_len > block_table.shape[1] * key_cache.shape[1]:
+        fail(_OP, f"max_seq_len {max_seq_len} exceeds the block table's "
+                  f"{block_table.shape[1]} blocks of {key_cache.shape[1]}")
+    same_device(_OP, query, key_cache=key_cache, value_cache=value_cache, out=out,
+                block_table=block_table, query_start_loc=query_start_loc, seq_lens=seq_lens)
+    if num_seqs and values_on_host(query):
+        key = (block_table, query_start_loc, seq_lens, query.shape[0], key_cache.shape[0],
+               key_cache.shape[1], max_query_len, max_seq_len)
+        if not _checked.seen(*key):
+            _check_lengths(query.shape[0], key_cache.shape[0], key_cache.shape[1], block_table,
+                           query_start_loc[: num_seqs + 1], seq_lens, max_query_len,
+                           max_seq_len)
+            _checked.passed(*key)
+
+
+def _check_lengths(num_tokens: int, num_blocks: int, block_size: int, block_table, qsl,
+                   seq_lens, max_query_len: int, max_seq_len: int) -> None:
+    """Values, host memory only: every read a provider makes stays inside its tensor."""
+    q_lens = qsl[1:] - qsl[:-1]
+    if bool((q_lens < 0).any()) or int(qsl[0]) < 0 or int(qsl[-1]) > num_tokens:
+        fail(_OP, f"query_start_loc must be non-decreasing within [0, {num_tokens}]")
+    if bool((q_lens > seq_lens).any()) or bool((q_lens > max_query_len).any()) \
+            or bool((seq_lens > max_seq_len).any()):
+        fail(_OP, f"every request needs q_len <= seq_len, q_len <= max_query_len "
+                  f"{max_query_len} and seq_len <= max_seq_len {max_seq_len}")
+    # The blocks a request reads: the first ceil(seq_len / block_size) of its row.
+    used = torch.arange(block_table.shape[1]) * block_size < seq_lens[:, None]
+    blocks = block_table[: seq_lens.shape[0]]
+    if bool((used & ((blocks < 0) | (blocks >= num_blocks))).any()):
+        fail(_OP, f"a block_table entry a request reads is outside [0, {num_blocks})")
