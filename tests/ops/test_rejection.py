@@ -1,9 +1,15 @@
-"""Rejection-sampling kernels: torch reference vs our Triton kernels vs vLLM 0.26's own Triton
-kernels (their source, compiled by real Triton; on CPU under TRITON_INTERPRET=1), on fresh random
-batches, plus a slow per-request loop written from the algorithm.
+"""Rejection sampling (``ops/rejection``): every registered provider against the torch
+reference, the reference and our Triton kernels against vLLM 0.26's own Triton kernels (their
+source, compiled by real Triton; on CPU under TRITON_INTERPRET=1), on seeded random batches,
+plus a slow per-request loop written from the algorithm.
 
-Outputs start filled with a sentinel that no kernel writes, so comparing whole tensors also checks
-that every provider writes exactly the same elements.
+Outputs start filled with a sentinel that no kernel writes, so comparing whole tensors (exact,
+element by element) also checks that every provider writes exactly the same elements.
+
+Registry-driven: ``test_provider_matches_reference`` runs every provider the registry lists for
+the folder's four ops (Triton's on a GPU: ``gpu``). Contract: every provider rejects an output
+too narrow for ``max_spec_len`` and per-request tensors of the wrong length; providers on host
+memory also reject a request with more drafts than ``max_spec_len``; empty batches write nothing.
 """
 from __future__ import annotations
 
@@ -17,9 +23,19 @@ if not torch.cuda.is_available():
 
 triton = pytest.importorskip("triton")
 
+from specdec_plugin.ops.contract import ContractError  # noqa: E402
 from specdec_plugin.ops.rejection import reference as ref  # noqa: E402
 from specdec_plugin.ops.rejection import triton as tri  # noqa: E402
+from tests.ops.providers import (  # noqa: E402
+    device_for,
+    every_provider,
+    host_providers,
+    kernel,
+    providers_to_compare,
+)
 from tests.vllm_kernels import load_vllm_kernels  # noqa: E402
+
+FOLDER = "rejection"
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SENTINEL = -7
@@ -35,7 +51,8 @@ def vllm_k():
     )
 
 
-def make_batch(seed: int, batch: int = 12, max_spec_len: int = 5, greedy_mix: bool = True):
+def make_batch(seed: int, batch: int = 12, max_spec_len: int = 5, greedy_mix: bool = True,
+               device: str = DEVICE):
     g = torch.Generator().manual_seed(seed)
     counts = torch.randint(0, max_spec_len + 1, (batch,), generator=g)
     counts[torch.randint(0, batch, (1,), generator=g)] = max_spec_len
@@ -55,7 +72,7 @@ def make_batch(seed: int, batch: int = 12, max_spec_len: int = 5, greedy_mix: bo
     uniform = torch.rand(n, generator=g, dtype=torch.float64)
     uniform = torch.where(torch.rand(n, generator=g) < 0.5, uniform**4, uniform)
     is_greedy = torch.rand(batch, generator=g) < 0.5 if greedy_mix else None
-    t = lambda x: None if x is None else x.to(DEVICE)  # noqa: E731
+    t = lambda x: None if x is None else x.to(device)  # noqa: E731
     return dict(
         cu=t(cu), counts=counts.tolist(), max_spec_len=max_spec_len, draft=t(draft),
         target_probs=t(target_probs), target_argmax=t(target_argmax), draft_probs=t(draft_probs),
@@ -67,9 +84,9 @@ def make_batch(seed: int, batch: int = 12, max_spec_len: int = 5, greedy_mix: bo
     )
 
 
-def poisoned(b):
+def poisoned(b, device=DEVICE):
     return torch.full((len(b["counts"]), b["max_spec_len"] + 1), SENTINEL, dtype=torch.int32,
-                      device=DEVICE)
+                      device=device)
 
 
 def slow_rejection(b, greedy_rows, draft_probs, synthetic):
@@ -204,3 +221,154 @@ def test_expand_kernel(vllm_k, dtype):
     expected = torch.tensor([1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 7]).to(dtype)
     assert torch.equal(outs[0], expected) and torch.equal(outs[1], expected)
     assert torch.equal(vout.cpu(), expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every registered provider against the reference (the registry decides which run).
+
+def greedy_case(impl, device, seed):
+    outs = []
+    for mixed, synthetic in ((True, False), (False, False), (True, True)):
+        b = make_batch(seed, greedy_mix=mixed, device=device)
+        out = poisoned(b, device)
+        impl(out, b["cu"], b["draft"], b["target_argmax"], b["bonus"], b["is_greedy"],
+             b["max_spec_len"], b["uniform"], b["rates"] if synthetic else None)
+        outs.append(out)
+    return outs
+
+
+def random_case(impl, device, seed):
+    outs = []
+    for with_draft_probs, synthetic in ((True, False), (False, False), (True, True)):
+        b = make_batch(seed, device=device)
+        out = poisoned(b, device)
+        impl(out, b["cu"], b["draft"], b["draft_probs"] if with_draft_probs else None,
+             b["target_probs"], b["bonus"], b["recovered"], b["uniform"], b["is_greedy"],
+             b["max_spec_len"], b["rates"] if synthetic else None)
+        outs.append(out)
+    return outs
+
+
+def recovered_case(impl, device, seed):
+    outs = []
+    for with_draft_probs, fp64 in ((True, False), (False, False), (True, True)):
+        b = make_batch(seed, device=device)
+        out = torch.full_like(b["draft"], SENTINEL)
+        inv_q = b["inv_q"].double() if fp64 else b["inv_q"]
+        impl(out, b["cu"], b["draft"], b["draft_probs"] if with_draft_probs else None,
+             b["target_probs"], inv_q)
+        outs.append(out)
+    return outs
+
+
+def expand_case(impl, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, 4, (9,), generator=g)
+    cu = counts.cumsum(0).to(torch.int32).to(device)
+    outs = []
+    for x in (torch.randint(0, 3, (9,), generator=g).float(),
+              torch.randint(0, 3, (9,), generator=g).int()):
+        out = torch.full((int(counts.sum()) + 3,), SENTINEL, dtype=x.dtype, device=device)
+        impl(out, x.to(device), cu, 0, 1)  # the 3 rows past cu[-1] are a guard
+        outs.append(out)
+    return outs
+
+
+CASES = {"rejection_greedy_sample": greedy_case, "rejection_random_sample": random_case,
+         "sample_recovered_tokens": recovered_case, "expand_batch_to_tokens": expand_case}
+
+
+@pytest.mark.parametrize("op,provider", providers_to_compare(FOLDER))
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_provider_matches_reference(op, provider, seed):
+    device = device_for(provider)
+    got = CASES[op](kernel(op, provider), device, seed)
+    want = CASES[op](kernel(op, "torch"), device, seed)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    assert any((w != SENTINEL).any() for w in want)  # something was written
+
+
+# ---------------------------------------------------------------------------------------------
+# The contract's edges, for every provider (the reference included).
+
+def _rejects(impl, calls: dict) -> None:
+    for what, args in calls.items():
+        try:
+            impl(*args)
+        except ContractError:
+            continue
+        pytest.fail(f"accepted: {what}")
+
+
+@pytest.mark.parametrize("op,provider", [p for p in every_provider(FOLDER)
+                                         if p.values[0] == "rejection_greedy_sample"])
+def test_greedy_contract_rejects_bad_shapes(op, provider):
+    b = make_batch(21, device=device_for(provider))
+    out = poisoned(b, device_for(provider))
+    args = [out, b["cu"], b["draft"], b["target_argmax"], b["bonus"], b["is_greedy"],
+            b["max_spec_len"], None, None]
+
+    def with_(i, value):
+        return args[:i] + [value] + args[i + 1:]
+
+    _rejects(kernel(op, provider), {
+        "output narrower than max_spec_len + 1": with_(0, out[:, :-1]),
+        "cu_num_draft_tokens of another batch": with_(1, b["cu"][:-1]),
+        "bonus tokens of another batch": with_(4, b["bonus"][:-1]),
+        "target_argmax shorter than the drafts": with_(3, b["target_argmax"][:-1]),
+        "synthetic rates without uniforms": args[:8] + [b["rates"]],
+    })
+    assert (out == SENTINEL).all()
+
+
+@pytest.mark.parametrize("op,provider", [p for p in every_provider(FOLDER)
+                                         if p.values[0] == "sample_recovered_tokens"])
+def test_recovered_contract_rejects_bad_shapes(op, provider):
+    b = make_batch(22, device=device_for(provider))
+    out = torch.full_like(b["draft"], SENTINEL)
+    _rejects(kernel(op, provider), {
+        "inv_q of another vocabulary": (out, b["cu"], b["draft"], None, b["target_probs"],
+                                        b["inv_q"][:, :-1]),
+        "draft_probs of another shape": (out, b["cu"], b["draft"], b["draft_probs"][:-1],
+                                         b["target_probs"], b["inv_q"]),
+        "output shorter than the drafts": (out[:-1], b["cu"], b["draft"], None,
+                                           b["target_probs"], b["inv_q"]),
+    })
+    assert (out == SENTINEL).all()
+
+
+@pytest.mark.parametrize("op,provider", [p for p in host_providers(FOLDER)
+                                         if p.values[0] in ("rejection_greedy_sample",
+                                                            "rejection_random_sample")])
+def test_contract_rejects_more_drafts_than_max_spec_len(op, provider):
+    b = make_batch(23, max_spec_len=5)
+    out = poisoned(b)
+    args = {"rejection_greedy_sample": (out, b["cu"], b["draft"], b["target_argmax"], b["bonus"],
+                                        b["is_greedy"], 4, None, None),
+            "rejection_random_sample": (out, b["cu"], b["draft"], None, b["target_probs"],
+                                        b["bonus"], b["recovered"], b["uniform"], b["is_greedy"],
+                                        4, None)}[op]
+    with pytest.raises(ContractError, match="max_spec_len"):
+        kernel(op, provider)(*args)  # a request has 5 drafts
+    assert (out == SENTINEL).all()
+
+
+@pytest.mark.parametrize("op,provider", every_provider(FOLDER))
+def test_empty_batch_writes_nothing(op, provider):
+    device = device_for(provider)
+    impl = kernel(op, provider)
+    none = torch.zeros(0, dtype=torch.int32, device=device)
+    probs = torch.zeros(0, VOCAB, device=device)
+    out = torch.full((0, 4), SENTINEL, dtype=torch.int32, device=device)
+    tokens = torch.full((3,), SENTINEL, dtype=torch.int32, device=device)
+    call = {
+        "rejection_greedy_sample": lambda: impl(out, none, none, none, none, None, 3),
+        "rejection_random_sample": lambda: impl(out, none, none, None, probs, none, none,
+                                                none.double(), None, 3),
+        "sample_recovered_tokens": lambda: impl(tokens, none, none, None, probs,
+                                                torch.zeros(0, VOCAB, device=device)),
+        "expand_batch_to_tokens": lambda: impl(tokens, none, none, 0, 1),
+    }[op]
+    call()
+    assert (tokens == SENTINEL).all()

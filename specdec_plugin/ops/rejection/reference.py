@@ -10,6 +10,13 @@ from __future__ import annotations
 
 import torch
 
+from specdec_plugin.ops.rejection.validate import (
+    check_expand_batch_to_tokens,
+    check_rejection_greedy_sample,
+    check_rejection_random_sample,
+    check_sample_recovered_tokens,
+)
+
 PLACEHOLDER_TOKEN_ID = -1
 
 
@@ -69,6 +76,9 @@ def rejection_greedy_sample(
     With ``synthetic_conditional_rates`` (synthetic acceptance mode) a non-padded draft at
     position p is accepted iff ``uniform_probs < rate[p]`` and the draft itself is emitted.
     """
+    check_rejection_greedy_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids,
+                                  target_argmax, bonus_token_ids, is_greedy, max_spec_len,
+                                  uniform_probs, synthetic_conditional_rates)
     batch = output_token_ids.shape[0]
     if batch == 0:
         return output_token_ids
@@ -106,6 +116,10 @@ def rejection_random_sample(
 ) -> torch.Tensor:
     """Non-greedy rows: accept draft x iff ``uniform <= p(x) / q(x)`` (q = 1 without draft probs),
     emit the recovered token at the first rejection, the bonus token if nothing is rejected."""
+    check_rejection_random_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids,
+                                  draft_probs, target_probs, bonus_token_ids,
+                                  recovered_token_ids, uniform_probs, is_greedy, max_spec_len,
+                                  synthetic_conditional_rates)
     batch = output_token_ids.shape[0]
     if batch == 0:
         return output_token_ids
@@ -155,6 +169,8 @@ def sample_recovered_tokens(
     ``inv_q = 1 / Exp(1)``, the argmax is a sample from ``weight / sum(weight)`` (exponential race),
     so no normalisation is needed.
     """
+    check_sample_recovered_tokens(recovered_token_ids, cu_num_draft_tokens, draft_token_ids,
+                                  draft_probs, target_probs, inv_q)
     num_tokens, vocab = target_probs.shape
     if num_tokens == 0:
         return recovered_token_ids
@@ -180,6 +196,7 @@ def expand_batch_to_tokens(
     replace_to: int | float = 0,
 ) -> torch.Tensor:
     """``out[t] = x[request(t)]`` (``replace_from`` mapped to ``replace_to``) for ``t < cu[-1]``."""
+    check_expand_batch_to_tokens(out, x, cu_num_tokens)
     batch = x.shape[0]
     if batch == 0 or out.numel() == 0:
         return out

@@ -12,6 +12,12 @@ import triton
 import triton.language as tl
 
 from specdec_plugin.ops.rejection.reference import _request_of_token
+from specdec_plugin.ops.rejection.validate import (
+    check_expand_batch_to_tokens,
+    check_rejection_greedy_sample,
+    check_rejection_random_sample,
+    check_sample_recovered_tokens,
+)
 
 
 @triton.jit
@@ -149,6 +155,9 @@ def rejection_greedy_sample(
     uniform_probs: torch.Tensor | None = None,
     synthetic_conditional_rates: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    check_rejection_greedy_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids,
+                                  target_argmax, bonus_token_ids, is_greedy, max_spec_len,
+                                  uniform_probs, synthetic_conditional_rates)
     batch = output_token_ids.shape[0]
     if batch == 0:
         return output_token_ids
@@ -178,6 +187,10 @@ def rejection_random_sample(
     max_spec_len: int,
     synthetic_conditional_rates: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    check_rejection_random_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids,
+                                  draft_probs, target_probs, bonus_token_ids,
+                                  recovered_token_ids, uniform_probs, is_greedy, max_spec_len,
+                                  synthetic_conditional_rates)
     batch = output_token_ids.shape[0]
     if batch == 0:
         return output_token_ids
@@ -202,6 +215,8 @@ def sample_recovered_tokens(
     target_probs: torch.Tensor,
     inv_q: torch.Tensor,
 ) -> torch.Tensor:
+    check_sample_recovered_tokens(recovered_token_ids, cu_num_draft_tokens, draft_token_ids,
+                                  draft_probs, target_probs, inv_q)
     num_tokens, vocab = target_probs.shape
     if num_tokens == 0:
         return recovered_token_ids
@@ -235,6 +250,7 @@ def expand_batch_to_tokens(
     replace_from: int | float = 0,
     replace_to: int | float = 0,
 ) -> torch.Tensor:
+    check_expand_batch_to_tokens(out, x, cu_num_tokens)
     batch = x.shape[0]
     if batch == 0 or out.numel() == 0:
         return out
