@@ -65,15 +65,24 @@ def test_static_input_estimate_covers_a_real_call_and_is_not_wild(batch):
     assert real <= estimate <= 2 * real
 
 
-def test_budget_allows_the_first_recording_then_holds_its_limit():
-    budget = GraphMemoryBudget(100 * MiB)
-    assert budget.allows(500 * MiB)  # sized for the largest: the first always goes
-    budget.charge(60 * MiB, static_bytes=10 * MiB)
-    assert budget.used == 60 * MiB and budget.largest_growth == 50 * MiB
-    assert not budget.allows(1)  # 60 + 50 of growth the next one may cause > 100 - 1
-    small = GraphMemoryBudget(200 * MiB)
-    small.charge(60 * MiB, 10 * MiB)
-    assert small.allows(10 * MiB) and not small.allows(91 * MiB)
+def test_budget_lets_the_pool_grow_and_holds_each_part_to_its_limit():
+    budget = GraphMemoryBudget(working_limit=100 * MiB, static_limit=30 * MiB)
+    assert budget.limit == 130 * MiB
+    assert budget.allows(30 * MiB) and not budget.allows(31 * MiB)
+    budget.charge(90 * MiB, static_bytes=10 * MiB)  # the first: pool and stream cache grew
+    assert (budget.working_used, budget.static_used) == (80 * MiB, 10 * MiB)
+    # Later recordings reuse the pool (the allocator may even reuse cached blocks for the
+    # buffers): only their buffers count.
+    budget.charge(4 * MiB, static_bytes=10 * MiB)
+    assert (budget.working_used, budget.static_used) == (80 * MiB, 20 * MiB)
+    assert budget.allows(10 * MiB) and not budget.allows(11 * MiB)
+    budget.charge(30 * MiB, static_bytes=0)  # the pool went past its part: estimate fell short
+    assert not budget.allows(0)
+
+
+def test_reservation_is_two_working_sets_and_eight_buffer_sets():
+    budget = GraphMemoryBudget.for_largest_shape(working_set=50, static_bytes=3)
+    assert (budget.working_limit, budget.static_limit) == (100, 24)
 
 
 # ---- the drafter: reservation and enforcement ----
@@ -83,10 +92,12 @@ class _Allocator:
 
 
 class _FakeGraphDevice:
-    """A device layer's graph hooks: a "graph" re-runs nothing; recording costs 40 MiB."""
+    """A device layer's graph hooks: a "graph" replays nothing. The first recording grows the
+    allocator by 40 MiB (pool and stream cache), later ones by ``later`` each."""
 
     def __init__(self):
         self.captured = 0
+        self.later = 0
 
     def new_graph_pool(self):
         return None
@@ -100,7 +111,7 @@ class _FakeGraphDevice:
     def capture_graph(self, fn, pool, stream):
         out = fn()
         self.captured += 1
-        _Allocator.reserved += 40 * MiB
+        _Allocator.reserved += 40 * MiB if self.captured == 1 else self.later
         return SimpleNamespace(replay=lambda: None), out
 
 
@@ -160,7 +171,7 @@ def test_reservation_measures_the_largest_shape_and_installs_the_budget(drafter)
     working = 30 * MiB + graph_memory.logits_bytes(shape.num_reqs, 1000)
     # EAGLE-3: three auxiliary target layers of width 8, side by side (24 = HIDDEN).
     static = static_input_bytes(shape, 24, torch.bfloat16, 1024 // 16)
-    assert limit == graph_memory.reservation_bytes(working, static)
+    assert limit == 2 * working + 8 * static
     assert drafter._graph_budget.limit == limit
 
 
@@ -171,24 +182,36 @@ def test_no_reservation_where_no_graphs_are_recorded(monkeypatch):
     assert plain._graph_budget is None
 
 
-def test_recordings_past_the_budget_draft_eagerly_with_one_warning(drafter, caplog):
-    drafter._graph_budget = GraphMemoryBudget(60 * MiB)
-    first = _call_kwargs(4)
-    drafter.propose(**first)  # recorded: warm-up + capture run vLLM's propose twice
-    assert drafter._graph_device.captured == 1 and drafter.eager == 2
-    assert drafter._graph_budget.used >= 40 * MiB
+def _static(batch: int) -> int:
+    return tensor_bytes(_ProposeCall(_call_kwargs(batch)).tensors())
+
+
+def test_recordings_past_the_buffers_part_draft_eagerly_with_one_warning(drafter, caplog):
+    # Room for the buffers of batches 4 and 2, not 3 more.
+    drafter._graph_budget = GraphMemoryBudget(60 * MiB, _static(4) + _static(2))
+    drafter.propose(**_call_kwargs(4))  # recorded: warm-up + capture run vLLM's propose twice
+    drafter.propose(**_call_kwargs(2))
+    assert drafter._graph_device.captured == 2 and drafter.eager == 4
+    assert drafter._graph_budget.working_used == 40 * MiB - _static(4)
 
     with caplog.at_level(logging.WARNING):
-        drafter.propose(**_call_kwargs(2))  # 40 used + 40 growth > 60: refused
-        drafter.propose(**_call_kwargs(3))
-        drafter.propose(**_call_kwargs(2))
-    assert drafter._graph_device.captured == 1
-    assert drafter.eager == 2 + 3  # each refused step drafted eagerly
+        drafter.propose(**_call_kwargs(3))  # its buffers do not fit: eager
+        drafter.propose(**_call_kwargs(3))  # not retried
+        drafter.propose(**_call_kwargs(5))
+    assert drafter._graph_device.captured == 2
+    assert drafter.eager == 4 + 3  # each refused step drafted eagerly
     warnings = [r for r in caplog.records if "held back for them" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
 
-    drafter.propose(**_call_kwargs(4))  # the recorded shape still replays
-    assert drafter.eager == 5 and drafter._graph_device.captured == 1
+    drafter.propose(**_call_kwargs(4))  # the recorded shapes still replay
+    assert drafter.eager == 7 and drafter._graph_device.captured == 2
+
+
+def test_a_pool_past_its_estimate_stops_recording(drafter):
+    drafter._graph_budget = GraphMemoryBudget(30 * MiB, 100 * MiB)
+    drafter.propose(**_call_kwargs(4))  # grows 40 MiB: past the 30 MiB estimated
+    drafter.propose(**_call_kwargs(2))
+    assert drafter._graph_device.captured == 1
 
 
 def test_without_a_budget_every_shape_is_recorded(drafter):

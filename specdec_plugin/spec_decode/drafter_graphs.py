@@ -47,7 +47,6 @@ from specdec_plugin.spec_decode.graph_memory import (
     GraphMemoryBudget,
     largest_decode_shape,
     logits_bytes,
-    reservation_bytes,
     static_input_bytes,
     tensor_bytes,
 )
@@ -169,8 +168,8 @@ class DrafterGraphs:
         block_size = config.cache_config.block_size or 16
         max_blocks = -(-self.max_model_len // block_size)
         static = static_input_bytes(shape, self._target_hidden_width(), self.dtype, max_blocks)
-        limit = reservation_bytes(working_set, static)
-        self._graph_budget = GraphMemoryBudget(limit)
+        self._graph_budget = GraphMemoryBudget.for_largest_shape(working_set, static)
+        limit = self._graph_budget.limit
         logger.info("specdec_plugin: %.0f MiB held back from the KV cache for drafter graphs "
                     "(largest step %d requests / %d tokens: working set %.0f MiB, inputs "
                     "%.1f MiB)", limit / 2**20, shape.num_reqs, shape.num_tokens,

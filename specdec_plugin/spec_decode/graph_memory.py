@@ -14,7 +14,7 @@ What a recording holds on the device:
   keeps what it freed there for that stream: again about one largest working set.
 
 So the reservation is ``PEAK_COPIES`` working sets of the largest decode shape plus
-``STATIC_COPIES`` static-buffer sets of that shape. The working set is measured at start-up
+``STATIC_COPIES`` static-buffer sets of that shape (``GraphMemoryBudget.for_largest_shape``). The working set is measured at start-up
 (the drafter's own forward passes at that shape, plus its logits), the buffers are computed
 from the shapes. At run time ``GraphMemoryBudget`` charges each recording what the allocator
 really reserved for it, and refuses a recording that would go past the reservation: that
@@ -71,33 +71,44 @@ def logits_bytes(num_reqs: int, vocab_size: int) -> int:
     return num_reqs * vocab_size * 4 * 2
 
 
-def reservation_bytes(working_set: int, static_bytes: int) -> int:
-    return PEAK_COPIES * max(working_set, 0) + STATIC_COPIES * max(static_bytes, 0)
-
-
 class GraphMemoryBudget:
-    """The bytes reserved for drafter graphs at start-up, and what recordings have used.
+    """The bytes reserved for drafter graphs at start-up, in the two parts they were sized
+    for, and what recordings have used of each.
 
-    A recording is allowed while what has been charged, plus what this one's static buffers
-    need, plus the largest pool growth one recording has caused so far, still fits. The first
-    recording is always allowed: the reservation was sized for the largest one."""
+    - working: the graph pool and the side stream's cache, charged with what the allocator
+      grew by across a recording beyond its static buffers. It grows towards the largest
+      working set once, then later recordings reuse it; once it went past its part (the
+      estimate fell short), no further recording is allowed.
+    - static: each graph's own input buffers, known before recording: a recording is allowed
+      only if its buffers still fit.
+    """
 
-    def __init__(self, limit: int) -> None:
-        self.limit = int(limit)
-        self.used = 0
-        self.largest_growth = 0
+    def __init__(self, working_limit: int, static_limit: int) -> None:
+        self.working_limit, self.static_limit = int(working_limit), int(static_limit)
+        self.working_used = 0
+        self.static_used = 0
         self.recordings = 0
 
+    @classmethod
+    def for_largest_shape(cls, working_set: int, static_bytes: int) -> "GraphMemoryBudget":
+        return cls(PEAK_COPIES * max(working_set, 0), STATIC_COPIES * max(static_bytes, 0))
+
+    @property
+    def limit(self) -> int:
+        return self.working_limit + self.static_limit
+
+    @property
+    def used(self) -> int:
+        return self.working_used + self.static_used
+
     def allows(self, static_bytes: int) -> bool:
-        if self.recordings == 0:
-            return True
-        return self.used + static_bytes + self.largest_growth <= self.limit
+        return (self.working_used <= self.working_limit
+                and self.static_used + static_bytes <= self.static_limit)
 
     def charge(self, grown: int, static_bytes: int) -> None:
         """``grown``: what the allocator reserved across the recording (buffers included)."""
-        grown = max(int(grown), 0)
-        self.used += max(grown, static_bytes)
-        self.largest_growth = max(self.largest_growth, grown - static_bytes)
+        self.static_used += static_bytes
+        self.working_used += max(int(grown) - static_bytes, 0)
         self.recordings += 1
 
 
