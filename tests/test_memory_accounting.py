@@ -124,3 +124,12 @@ def test_no_second_estimate_where_vllm_made_one(monkeypatch):
     assert memory_outside_profile(worker)["target_graphs"] == 0
     assert worker.model_runner.profiled == 0
 
+
+def test_a_failing_graph_estimate_leaves_serving_as_before(oot_platform, monkeypatch):
+    worker = _worker()
+
+    def broken():
+        raise RuntimeError("capture failed")
+
+    monkeypatch.setattr(worker.model_runner, "profile_cudagraph_memory", broken)
+    assert memory_outside_profile(worker) == {"target_graphs": 0, "drafter_graphs": 300}
