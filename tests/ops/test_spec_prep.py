@@ -1,8 +1,14 @@
-"""Spec-decode input preparation and slot mapping: torch reference vs our Triton kernels vs vLLM
-0.26's own Triton kernels (their source compiled by real Triton; interpreted on CPU), on fresh
-random inputs, each launched the way vLLM launches it. Every output buffer starts filled with a
-sentinel, so whole-buffer equality also checks that the same elements get written. The last test
-drives our ``vllm_shims`` with vLLM's exact launch syntax.
+"""Spec-decode input preparation and slot mapping (``ops/spec_prep``): torch reference vs our
+Triton kernels vs vLLM 0.26's own Triton kernels (their source compiled by real Triton;
+interpreted on CPU), on seeded random inputs, each launched the way vLLM launches it. Every
+output buffer starts filled with a sentinel, so whole-buffer equality also checks that the same
+elements get written. ``test_vllm_shims_take_vllm_launches`` drives our ``vllm_shims`` with
+vLLM's exact launch syntax.
+
+Registry-driven: ``test_provider_matches_reference`` runs every provider the registry lists for
+the folder's five ops (Triton's on a GPU: ``gpu``) into buffers with guard elements. Contract:
+every provider rejects a request or token count past the buffers it addresses, and an empty
+batch writes nothing.
 """
 from __future__ import annotations
 
@@ -16,10 +22,14 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
+from specdec_plugin.ops.contract import ContractError  # noqa: E402
 from specdec_plugin.ops.spec_prep import reference as ref  # noqa: E402
 from specdec_plugin.ops.spec_prep import triton as tri  # noqa: E402
 from specdec_plugin.ops.spec_prep.vllm_shims import shim_table  # noqa: E402
+from tests.ops.providers import device_for, every_provider, kernel, providers_to_compare  # noqa
 from tests.vllm_kernels import load_vllm_kernels  # noqa: E402
+
+FOLDER = "spec_prep"
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SENT = -7
@@ -316,3 +326,176 @@ def test_vllm_shims_take_vllm_launches():
     )
     assert pos_out.tolist() == [4, 8] and seq.tolist() == [5, 9]
     assert slots.tolist() == [1 * 4 + 0, 6 * 4 + 0, -1, -1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Every registered provider against the reference (the registry decides which run). Each case
+# returns its sentinel-filled output buffers, longer than what the op may write: the guard
+# elements past its range must keep their poison.
+
+def _poison(n, dtype, device):
+    if dtype == torch.bool:
+        return torch.ones(n, dtype=dtype, device=device)
+    return torch.full((n,), SENT, dtype=dtype, device=device)
+
+
+def slot_mapping_case(impl, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    outs = []
+    for block, per_kv, cp, rank, inter in ((4, 1, 1, 0, 1), (4, 2, 1, 0, 1), (4, 1, 2, 1, 2)):
+        q_lens, qsl = packed_queries(g, 5, 7)
+        num_tokens = int(qsl[-1]) - int(q_lens[-1]) // 2  # the last request is cut short
+        ctx = torch.randint(0, 30, (5,), generator=g)
+        positions = torch.cat([c + torch.arange(q) for c, q in zip(ctx, q_lens)]).to(device)
+        slots = _poison(48 + 4, torch.int64, device)  # 4 guard slots past max_num_tokens
+        impl(slots, qsl.to(device), positions, rand_block_table(g, 7, 16).to(device), block, 5,
+             num_tokens, 48, -1, block * per_kv, per_kv, cp, rank, inter)
+        assert (slots[48:] == SENT).all()
+        outs.append(slots)
+    return outs
+
+
+def eagle_step_case(impl, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    batch, padded, max_model_len = 6, 9, 40
+    positions = torch.randint(0, max_model_len, (batch,), generator=g)
+    positions[:2] = torch.tensor([max_model_len - 1, max_model_len - 2])  # clamping edge
+    seq = (positions + 1).to(torch.int32).to(device)
+    pos_out, slots = _poison(batch + 2, torch.int64, device), _poison(padded + 2, torch.int64,
+                                                                      device)
+    impl(positions.to(device), rand_block_table(g, batch, 10).to(device), seq, pos_out, slots, 4,
+         max_model_len, batch, padded)
+    assert (pos_out[batch:] == SENT).all() and (slots[padded:] == SENT).all()
+    return [seq, pos_out, slots]
+
+
+def prepare_inputs_case(impl, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    num_reqs = 9
+    drafts = torch.randint(0, 4, (num_reqs,), generator=g)
+    valid = (torch.randint(0, 5, (num_reqs,), generator=g) % (drafts + 1) + 1).to(torch.int32)
+    _, qsl = packed_queries(g, num_reqs, 6, min_q=4)
+    idx, rej = _poison(num_reqs + 2, torch.int32, device), _poison(num_reqs + 2, torch.int32,
+                                                                   device)
+    impl(drafts.cumsum(0).to(torch.int32).to(device), valid.to(device), qsl.to(device), idx, rej,
+         num_reqs)
+    assert (idx[num_reqs:] == SENT).all() and (rej[num_reqs:] == SENT).all()
+    return [idx, rej]
+
+
+def next_token_case(impl, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    num_reqs, cols, vocab = 8, 4, 50
+    sampled = torch.randint(0, vocab + 10, (num_reqs + 2, cols + 1), generator=g,
+                            dtype=torch.int32)
+    sampled[torch.rand(num_reqs + 2, cols + 1, generator=g) < 0.4] = -1
+    sampled[1] = -1  # nothing valid -> backup token
+    discard = torch.rand(num_reqs, generator=g) < 0.3
+    backup = torch.randint(0, vocab, (num_reqs,), generator=g, dtype=torch.int32)
+    nxt, cnt = _poison(num_reqs + 2, torch.int32, device), _poison(num_reqs + 2, torch.int32,
+                                                                   device)
+    impl(sampled.to(device), discard.to(device), backup.to(device), nxt, cnt, vocab, cols,
+         num_reqs)  # the last sampled column and rows are not the op's to read
+    assert (nxt[num_reqs:] == SENT).all() and (cnt[num_reqs:] == SENT).all()
+    return [nxt, cnt]
+
+
+def expand_case(impl, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    outs = []
+    for shift in (True, False):
+        num_reqs, P = 5, 3
+        q_lens, qsl = packed_queries(g, num_reqs, 6, min_q=2)
+        total_in = int(qsl[-1])
+        rejected = torch.minimum(torch.randint(0, 3, (num_reqs,), generator=g), q_lens - 1)
+        qend = (qsl[1:] - 1 - rejected).to(torch.int32)
+        tokens = torch.randint(0, 90, (total_in,), generator=g, dtype=torch.int32)
+        positions = torch.cat([c + torch.arange(q) for c, q in zip(
+            torch.randint(0, 50, (num_reqs,), generator=g), q_lens)])
+        nxt = torch.randint(0, 90, (num_reqs,), generator=g, dtype=torch.int32)
+        n_out = total_in + num_reqs * P + 4
+        bufs = [_poison(n_out, torch.int32, device), _poison(n_out, torch.int64, device),
+                _poison(n_out, torch.bool, device), _poison(n_out, torch.bool, device),
+                _poison(num_reqs * P + 2, torch.int32, device),
+                _poison(total_in + 2, torch.int32, device)]
+        impl(tokens.to(device), positions.to(device), nxt.to(device), *bufs, qsl.to(device),
+             qend.to(device), 0, 99, total_in, P, shift, num_reqs)
+        written = total_in + num_reqs * (P - 1 if shift else P)
+        assert (bufs[0][written:] == SENT).all() and (bufs[4][num_reqs * P:] == SENT).all()
+        assert (bufs[5][total_in:] == SENT).all()
+        outs += bufs
+    return outs
+
+
+CASES = {"compute_slot_mapping": slot_mapping_case,
+         "eagle_step_slot_mapping_metadata": eagle_step_case,
+         "eagle_prepare_inputs_padded": prepare_inputs_case,
+         "eagle_prepare_next_token_padded": next_token_case,
+         "copy_and_expand_eagle_inputs": expand_case}
+
+
+@pytest.mark.parametrize("op,provider", providers_to_compare(FOLDER))
+@pytest.mark.parametrize("seed", [31, 32, 33])
+def test_provider_matches_reference(op, provider, seed):
+    device = device_for(provider)
+    got = CASES[op](kernel(op, provider), device, seed)
+    want = CASES[op](kernel(op, "torch"), device, seed)
+    for i, (g, w) in enumerate(zip(got, want)):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, msg=f"buffer {i}")
+    # Non-vacuous: something was written (each case checks its guard elements kept their
+    # poison, for the reference and the provider alike).
+    assert any((w != SENT).any() for w in want if w.dtype != torch.bool)
+
+
+# ---------------------------------------------------------------------------------------------
+# The contract's edges, for every provider (the reference included): a count past the buffers
+# it addresses is rejected before anything is written; an empty batch writes nothing.
+
+def _int32(n, device, fill=SENT):
+    return torch.full((n,), fill, dtype=torch.int32, device=device)
+
+
+def _calls(op, device, num_reqs):
+    """A call of ``op`` over ``num_reqs`` requests into buffers sized for 3, and its outputs."""
+    d = device
+    table = torch.zeros(3, 4, dtype=torch.int32, device=d)
+    qsl = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device=d)
+    outs = [_int32(3, d), _int32(3, d)]
+    slots64 = torch.full((3,), SENT, dtype=torch.int64, device=d)
+    args = {
+        "compute_slot_mapping": lambda: (slots64, qsl, torch.arange(3, device=d), table, 4,
+                                         num_reqs, min(num_reqs, 3), 3),
+        "eagle_step_slot_mapping_metadata": lambda: (
+            torch.arange(3, device=d), table, _int32(3, d, 1), slots64, outs[0].long(), 4, 40,
+            num_reqs, num_reqs),
+        "eagle_prepare_inputs_padded": lambda: (_int32(3, d, 0), _int32(3, d, 1), qsl, *outs,
+                                                num_reqs),
+        "eagle_prepare_next_token_padded": lambda: (
+            torch.zeros(3, 2, dtype=torch.int32, device=d), torch.zeros(3, dtype=torch.bool,
+                                                                        device=d),
+            _int32(3, d, 0), *outs, 50, 2, num_reqs),
+        "copy_and_expand_eagle_inputs": lambda: (
+            _int32(3, d, 1), torch.arange(3, device=d), _int32(3, d, 1), _int32(12, d),
+            torch.zeros(12, dtype=torch.int64, device=d), torch.zeros(12, dtype=torch.bool,
+                                                                      device=d),
+            torch.zeros(12, dtype=torch.bool, device=d), outs[0], outs[1], qsl,
+            _int32(3, d, 0), 0, 99, 3, 1, True, num_reqs),
+    }[op]()
+    return args, [slots64, *outs]
+
+
+@pytest.mark.parametrize("op,provider", every_provider(FOLDER))
+def test_contract_rejects_counts_past_the_buffers(op, provider):
+    args, outs = _calls(op, device_for(provider), num_reqs=4)
+    with pytest.raises(ContractError, match="rows"):
+        kernel(op, provider)(*args)
+    assert all((o == SENT).all() for o in outs)
+
+
+@pytest.mark.parametrize("op,provider", every_provider(FOLDER))
+def test_empty_batch_writes_nothing(op, provider):
+    args, outs = _calls(op, device_for(provider), num_reqs=0)
+    if op == "compute_slot_mapping":  # its padding tail is the op's to write: none here
+        args = (*args[:6], 0, 0)
+    kernel(op, provider)(*args)
+    assert all((o == SENT).all() for o in outs)

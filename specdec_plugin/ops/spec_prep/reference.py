@@ -10,6 +10,14 @@ from __future__ import annotations
 
 import torch
 
+from specdec_plugin.ops.spec_prep.validate import (
+    check_compute_slot_mapping,
+    check_copy_and_expand_eagle_inputs,
+    check_eagle_prepare_inputs_padded,
+    check_eagle_prepare_next_token_padded,
+    check_eagle_step_slot_mapping_metadata,
+)
+
 PAD_SLOT_ID = -1
 
 
@@ -59,6 +67,9 @@ def compute_slot_mapping(
     block size (``block_size * blocks_per_kv_block``). Under decode context parallelism a token
     whose position is not stored on ``cp_rank`` gets ``pad_id``.
     """
+    check_compute_slot_mapping(slot_mapping, query_start_loc, positions, block_table,
+                               block_size, num_reqs, num_tokens, max_num_tokens,
+                               blocks_per_kv_block, cp_world_size, cp_rank)
     if kv_cache_block_size is None:
         kv_cache_block_size = block_size * blocks_per_kv_block
     if max_num_tokens > num_tokens:
@@ -101,6 +112,9 @@ def eagle_step_slot_mapping_metadata(
     ``max_model_len``), its KV slot (``pad_id`` past the limit), ``seq_lens`` + 1 in place (1 past
     the limit, capped at ``max_model_len``). Rows ``[batch_size, input_batch_size)`` of the slot
     mapping are graph padding and get ``pad_id``."""
+    check_eagle_step_slot_mapping_metadata(positions, block_table, seq_lens,
+                                           out_clamped_positions, out_slot_mapping, block_size,
+                                           batch_size, input_batch_size)
     if input_batch_size > batch_size:
         out_slot_mapping[batch_size:input_batch_size] = pad_id
     if batch_size == 0:
@@ -128,6 +142,9 @@ def eagle_prepare_inputs_padded(
 ) -> None:
     """Per request: rejected = drafts + 1 - valid (0 without drafts); the token to sample from is
     the request's last query token minus the rejected ones."""
+    check_eagle_prepare_inputs_padded(cu_num_draft_tokens, valid_sampled_tokens_count,
+                                      query_start_loc, token_indices_to_sample,
+                                      num_rejected_tokens, num_reqs)
     if num_reqs == 0:
         return
     cu = cu_num_draft_tokens[:num_reqs].long()
@@ -151,6 +168,10 @@ def eagle_prepare_next_token_padded(
 ) -> None:
     """Per request: valid count = sampled ids that are not -1 and < vocab_size (0 if discarded);
     next token = the last valid one, or the backup token if none / discarded."""
+    check_eagle_prepare_next_token_padded(sampled_token_ids, discard_request_mask,
+                                          backup_next_token_ids, next_token_ids,
+                                          valid_sampled_tokens_count,
+                                          num_sampled_tokens_per_req, num_reqs)
     if num_reqs == 0:
         return
     tokens = sampled_token_ids[:num_reqs, :num_sampled_tokens_per_req].long()
@@ -197,6 +218,12 @@ def copy_and_expand_eagle_inputs(
     ``out_new_token_indices[r * P + k]`` is the output index of the k-th new (bonus/parallel) slot,
     ``out_hidden_state_mapping[i]`` (shift only) the output index of input token i.
     """
+    check_copy_and_expand_eagle_inputs(target_token_ids, target_positions, next_token_ids,
+                                       out_input_ids, out_positions,
+                                       out_is_rejected_token_mask, out_is_masked_token_mask,
+                                       out_new_token_indices, out_hidden_state_mapping,
+                                       query_start_loc, query_end_loc, total_input_tokens,
+                                       num_padding_slots_per_request, num_reqs)
     if num_reqs == 0:
         return
     P = num_padding_slots_per_request

@@ -13,6 +13,13 @@ import triton
 import triton.language as tl
 
 from specdec_plugin.ops.spec_prep.reference import PAD_SLOT_ID
+from specdec_plugin.ops.spec_prep.validate import (
+    check_compute_slot_mapping,
+    check_copy_and_expand_eagle_inputs,
+    check_eagle_prepare_inputs_padded,
+    check_eagle_prepare_next_token_padded,
+    check_eagle_step_slot_mapping_metadata,
+)
 
 _BLOCK = 128
 
@@ -47,6 +54,9 @@ def compute_slot_mapping(
     max_num_tokens, pad_id=PAD_SLOT_ID, kv_cache_block_size=None, blocks_per_kv_block=1,
     cp_world_size=1, cp_rank=0, cp_interleave_size=1,
 ) -> None:
+    check_compute_slot_mapping(slot_mapping, query_start_loc, positions, block_table,
+                               block_size, num_reqs, num_tokens, max_num_tokens,
+                               blocks_per_kv_block, cp_world_size, cp_rank)
     if kv_cache_block_size is None:
         kv_cache_block_size = block_size * blocks_per_kv_block
     if max_num_tokens > num_tokens:
@@ -87,6 +97,9 @@ def eagle_step_slot_mapping_metadata(
     positions, block_table, seq_lens, out_clamped_positions, out_slot_mapping, block_size,
     max_model_len, batch_size, input_batch_size, pad_id=PAD_SLOT_ID,
 ) -> None:
+    check_eagle_step_slot_mapping_metadata(positions, block_table, seq_lens,
+                                           out_clamped_positions, out_slot_mapping, block_size,
+                                           batch_size, input_batch_size)
     n = max(batch_size, input_batch_size)
     if n == 0:
         return
@@ -118,6 +131,9 @@ def eagle_prepare_inputs_padded(
     cu_num_draft_tokens, valid_sampled_tokens_count, query_start_loc, token_indices_to_sample,
     num_rejected_tokens, num_reqs,
 ) -> None:
+    check_eagle_prepare_inputs_padded(cu_num_draft_tokens, valid_sampled_tokens_count,
+                                      query_start_loc, token_indices_to_sample,
+                                      num_rejected_tokens, num_reqs)
     if num_reqs == 0:
         return
     _prepare_inputs_padded_kernel[(triton.cdiv(num_reqs, _BLOCK),)](
@@ -150,6 +166,10 @@ def eagle_prepare_next_token_padded(
     sampled_token_ids, discard_request_mask, backup_next_token_ids, next_token_ids,
     valid_sampled_tokens_count, vocab_size, num_sampled_tokens_per_req, num_reqs,
 ) -> None:
+    check_eagle_prepare_next_token_padded(sampled_token_ids, discard_request_mask,
+                                          backup_next_token_ids, next_token_ids,
+                                          valid_sampled_tokens_count,
+                                          num_sampled_tokens_per_req, num_reqs)
     if num_reqs == 0:
         return
     _next_token_padded_kernel[(num_reqs,)](
@@ -210,6 +230,12 @@ def copy_and_expand_eagle_inputs(
     parallel_drafting_token_id, total_input_tokens, num_padding_slots_per_request,
     shift_input_ids, num_reqs,
 ) -> None:
+    check_copy_and_expand_eagle_inputs(target_token_ids, target_positions, next_token_ids,
+                                       out_input_ids, out_positions,
+                                       out_is_rejected_token_mask, out_is_masked_token_mask,
+                                       out_new_token_indices, out_hidden_state_mapping,
+                                       query_start_loc, query_end_loc, total_input_tokens,
+                                       num_padding_slots_per_request, num_reqs)
     if num_reqs == 0:
         return
     num_out = min(total_input_tokens + num_reqs * num_padding_slots_per_request,
