@@ -66,14 +66,21 @@ DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
           (torch.float16, torch.float16), (torch.float32, torch.bfloat16)]
 
 
+def write_case(write, device, dtype, cache_dtype, shape):
+    num_tokens, heads, head_size, block_size = shape
+    case = make_case(num_tokens, heads, head_size, block_size, 6, dtype, cache_dtype, device,
+                     seed=num_tokens)
+    check(write, *case)
+
+
+CASES = {"reshape_and_cache": write_case}
+
+
 @pytest.mark.parametrize("op,provider", providers_to_compare(FOLDER))
 @pytest.mark.parametrize("dtype,cache_dtype", DTYPES)
-@pytest.mark.parametrize("num_tokens,heads,head_size,block_size", SHAPES)
-def test_provider_matches_reference(op, provider, dtype, cache_dtype, num_tokens, heads,
-                                    head_size, block_size):
-    case = make_case(num_tokens, heads, head_size, block_size, 6, dtype, cache_dtype,
-                     device_for(provider), seed=num_tokens)
-    check(kernel(op, provider), *case)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_provider_matches_reference(op, provider, dtype, cache_dtype, shape):
+    CASES[op](kernel(op, provider), device_for(provider), dtype, cache_dtype, shape)
 
 
 @pytest.fixture(scope="module")
