@@ -9,9 +9,8 @@ reference, on seeded random inputs, element by element.
 - ``out`` starts as NaN and has graph-padding rows after the real ones: exactly the real query
   rows must be written, and each element must match the fp32 reference (``assert_close``).
 - The split plan (so the summation order) is a function of the arguments only.
-- Contract: every provider rejects mismatched shapes and dtypes and a ``max_seq_len`` past the
-  block table; providers on host memory also reject lengths and block ids out of range; an
-  empty batch writes nothing.
+- Contract: every provider rejects mismatched shapes and dtypes; providers on host memory also
+  reject lengths and block ids out of range; an empty batch writes nothing.
 """
 from __future__ import annotations
 
@@ -324,8 +323,6 @@ def test_contract_rejects_mismatched_inputs(op, provider):
                             value_cache=case["value_cache"].double()),
         "head size": dict(query=case["query"][..., :16], out=out[..., :16]),
         "index dtype": dict(seq_lens=case["seq_lens"].long()),
-        "max_seq_len past the block table":
-            dict(max_seq_len=16 * case["block_table"].shape[1] + 1),
         "seq_lens longer than query_start_loc":
             dict(query_start_loc=case["query_start_loc"][:2]),
     })
@@ -344,6 +341,9 @@ def test_contract_rejects_out_of_range_lengths_and_blocks(op, provider):
     _rejects(attention, case, out, {
         "block id past the cache": dict(block_table=read),
         "q_len > seq_len": dict(seq_lens=torch.tensor([20, 2], dtype=torch.int32)),
+        "seq_len past the block table": dict(
+            seq_lens=torch.tensor([20, 16 * case["block_table"].shape[1] + 1], dtype=torch.int32),
+            max_seq_len=16 * case["block_table"].shape[1] + 1),
         "seq_len > max_seq_len": dict(max_seq_len=39),
         "q_len > max_query_len": dict(max_query_len=2),
         "query rows past the tensor":

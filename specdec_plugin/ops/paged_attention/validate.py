@@ -44,9 +44,6 @@ def check_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     if max_query_len < 0 or max_seq_len < 0 or max_query_len > query.shape[0]:
         fail(_OP, f"max_query_len {max_query_len} / max_seq_len {max_seq_len} out of range "
                   f"for {query.shape[0]} query rows")
-    if max_seq_len > block_table.shape[1] * key_cache.shape[1]:
-        fail(_OP, f"max_seq_len {max_seq_len} exceeds the block table's "
-                  f"{block_table.shape[1]} blocks of {key_cache.shape[1]}")
     same_device(_OP, query, key_cache=key_cache, value_cache=value_cache, out=out,
                 block_table=block_table, query_start_loc=query_start_loc, seq_lens=seq_lens)
     if num_seqs and values_on_host(query):
@@ -69,7 +66,11 @@ def _check_lengths(num_tokens: int, num_blocks: int, block_size: int, block_tabl
             or bool((seq_lens > max_seq_len).any()):
         fail(_OP, f"every request needs q_len <= seq_len, q_len <= max_query_len "
                   f"{max_query_len} and seq_len <= max_seq_len {max_seq_len}")
-    # The blocks a request reads: the first ceil(seq_len / block_size) of its row.
+    # max_seq_len is only an upper bound (a captured graph passes max_model_len); what a
+    # request reads is the first ceil(seq_len / block_size) blocks of its row.
+    if bool((seq_lens > block_table.shape[1] * block_size).any()):
+        fail(_OP, f"a seq_len is past the block table's {block_table.shape[1]} blocks of "
+                  f"{block_size}")
     used = torch.arange(block_table.shape[1]) * block_size < seq_lens[:, None]
     blocks = block_table[: seq_lens.shape[0]]
     if bool((used & ((blocks < 0) | (blocks >= num_blocks))).any()):
