@@ -12,6 +12,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec
 from specdec_plugin.attention.backend import _bound
 from specdec_plugin.attention.metadata import SpecDecAttentionMetadataBuilder
 from specdec_plugin.worker.memory_accounting import (
+    counted_by_startup_plan,
     kv_cache_bytes_after,
     memory_outside_profile,
     reserve_attention_workspaces,
@@ -133,3 +134,11 @@ def test_a_failing_graph_estimate_leaves_serving_as_before(oot_platform, monkeyp
 
     monkeypatch.setattr(worker.model_runner, "profile_cudagraph_memory", broken)
     assert memory_outside_profile(worker) == {"target_graphs": 0, "drafter_graphs": 300}
+
+
+def test_a_startup_plan_size_still_loses_the_drafter_graphs(oot_platform):
+    worker = _worker()
+    assert memory_outside_profile(worker, counted_by_startup_plan(True)) == {
+        "drafter_graphs": 300}
+    assert worker.model_runner.profiled == 0  # the plan skips vLLM's estimate: so do we
+    assert counted_by_startup_plan(False) == ()

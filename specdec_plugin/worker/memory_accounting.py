@@ -28,7 +28,8 @@ were not counted:
 3. Our drafter graphs, recorded lazily while serving: a reservation measured here
    (spec_decode/graph_memory.py) and enforced by the drafter at each recording.
 
-A KV size the user fixed (``kv_cache_memory_bytes``) is taken as given, as vLLM does.
+A KV size the user fixed (``kv_cache_memory_bytes``) is taken as given, as vLLM does. A size
+vLLM's startup plan applied (opt-in) still has the drafter graphs taken off.
 """
 from __future__ import annotations
 
@@ -120,8 +121,16 @@ OUTSIDE_PROFILE = {
 }
 
 
-def memory_outside_profile(worker) -> dict[str, int]:
-    return {name: part(worker) for name, part in OUTSIDE_PROFILE.items()}
+def memory_outside_profile(worker, counted: tuple[str, ...] = ()) -> dict[str, int]:
+    """Bytes per part, for the parts not already ``counted``."""
+    return {name: part(worker) for name, part in OUTSIDE_PROFILE.items() if name not in counted}
+
+
+def counted_by_startup_plan(planned: bool) -> tuple[str, ...]:
+    """The parts a KV size from vLLM's startup plan (``VLLM_ENABLE_STARTUP_PLAN=1``) already
+    holds back: the boot that saved it subtracted the graphs it captured and the profile peak
+    (which had our workspace), but never saw the drafter graphs recorded while serving."""
+    return ("target_graphs",) if planned else ()
 
 
 def kv_cache_bytes_after(available: int, outside: dict[str, int]) -> int:

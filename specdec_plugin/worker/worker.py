@@ -18,7 +18,11 @@ from vllm.v1.worker.workspace import init_workspace_manager
 from specdec_plugin import envs
 from specdec_plugin.patches import apply_worker_patches
 from specdec_plugin.worker.device_index import dp_adjusted_local_rank, visible_device_index
-from specdec_plugin.worker.memory_accounting import kv_cache_bytes_after, memory_outside_profile
+from specdec_plugin.worker.memory_accounting import (
+    counted_by_startup_plan,
+    kv_cache_bytes_after,
+    memory_outside_profile,
+)
 from specdec_plugin.worker.model_runner import SpecDecModelRunner
 
 logger = init_logger(__name__)
@@ -80,11 +84,14 @@ class SpecDecWorker(Worker):
     @torch.inference_mode()
     def determine_available_memory(self) -> int:
         if self.device_layer.measures_memory():
+            user_sized = bool(self.cache_config.kv_cache_memory_bytes)  # as vLLM reads it
             available = super().determine_available_memory()
-            if self.cache_config.kv_cache_memory_bytes:
+            if user_sized:
                 return available  # the user's size, as vLLM takes it
+            # Set during super() only by vLLM's startup plan (VLLM_ENABLE_STARTUP_PLAN=1).
+            planned = bool(self.cache_config.kv_cache_memory_bytes)
             # What vLLM's profile did not see (worker/memory_accounting.py).
-            outside = memory_outside_profile(self)
+            outside = memory_outside_profile(self, counted_by_startup_plan(planned))
             kept = kv_cache_bytes_after(available, outside)
             self.available_kv_cache_memory_bytes = kept
             logger.info("specdec_plugin: KV cache %s GiB after holding back %s (GiB) outside "
