@@ -14,12 +14,12 @@ What a recording holds on the device:
   keeps what it freed there for that stream: again about one largest working set.
 
 So the reservation is ``PEAK_COPIES`` working sets of the largest decode shape plus
-``STATIC_COPIES`` static-buffer sets of that shape (``GraphMemoryBudget.for_largest_shape``). The working set is measured at start-up
-(the drafter's own forward passes at that shape, plus its logits), the buffers are computed
-from the shapes. At run time ``GraphMemoryBudget`` charges each recording what the allocator
-really reserved for it, and refuses a recording that would go past the reservation: that
-shape then drafts eagerly (as a failed recording does), so the reservation is a bound, not a
-hope.
+``STATIC_COPIES`` static-buffer sets of that shape (``GraphMemoryBudget.for_largest_shape``).
+The working set is measured at start-up (the drafter's own forward passes at that shape, plus
+its logits), the buffers are computed from the shapes. At run time a recording is refused
+when its buffers no longer fit their part, or once the pool's measured growth went past its
+part; that shape then drafts eagerly (as a failed recording does), so the reservation is a
+bound, not a hope.
 """
 from __future__ import annotations
 
