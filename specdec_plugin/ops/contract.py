@@ -20,17 +20,19 @@ def fail(op: str, message: str) -> None:
     raise ContractError(f"{op}: {message}")
 
 
-def values_on_host(*tensors: torch.Tensor | None) -> bool:
-    """Whether every given tensor lives in host memory, so its values can be read without a
-    device sync (True for the CPU providers, False on an accelerator)."""
-    return all(t is None or t.device.type == "cpu" for t in tensors)
+def values_on_host(t: torch.Tensor) -> bool:
+    """Whether ``t`` lives in host memory, so its values can be read without a device sync
+    (True for the CPU providers, False on an accelerator)."""
+    return t.is_cpu
 
 
 def same_device(op: str, anchor: torch.Tensor, **tensors: torch.Tensor | None) -> None:
-    device = anchor.device
+    # get_device() is an int (-1 on the CPU): cheaper than building torch.device objects, and
+    # this runs for every kernel call.
+    device = anchor.get_device()
     for name, t in tensors.items():
-        if t is not None and t.device != device:
-            fail(op, f"{name} is on {t.device}, the other inputs on {device}")
+        if t is not None and t.get_device() != device:
+            fail(op, f"{name} is on {t.device}, the other inputs on {anchor.device}")
 
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -44,20 +46,22 @@ class CheckedValues:
     results never depend on what ran before."""
 
     def __init__(self) -> None:
-        self._last: tuple = ()
-        self._versions: tuple = ()
+        self._key: tuple = ()
+        self._tensors: tuple = ()  # held, so that no other tensor can take their ids
 
-    def seen(self, *inputs) -> bool:
-        """True if ``inputs`` (tensors and ints) passed the check last time, unchanged."""
-        last = self._last
-        return (len(last) == len(inputs)
-                and all(a is b if isinstance(a, torch.Tensor) else a == b
-                        for a, b in zip(last, inputs))
-                and self._versions == _versions(inputs))
+    def seen(self, tensors: tuple[torch.Tensor, ...], *sizes: int) -> bool:
+        """True if ``tensors`` (the same objects, unchanged) and ``sizes`` passed last time."""
+        return self._key == _key(tensors, sizes)
 
-    def passed(self, *inputs) -> None:
-        self._last, self._versions = inputs, _versions(inputs)
+    def passed(self, tensors: tuple[torch.Tensor, ...], *sizes: int) -> None:
+        self._key, self._tensors = _key(tensors, sizes), tensors
 
 
-def _versions(inputs: tuple) -> tuple:
-    return tuple(t._version for t in inputs if isinstance(t, torch.Tensor))
+def _key(tensors: tuple, sizes: tuple) -> tuple:
+    # Integers only, so the comparison never calls a tensor's __eq__ (a loop: this runs for
+    # every kernel call, and generator expressions cost more).
+    key = list(sizes)
+    for t in tensors:
+        key.append(id(t))
+        key.append(t._version)
+    return tuple(key)

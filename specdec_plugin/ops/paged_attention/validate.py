@@ -47,13 +47,14 @@ def check_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     same_device(_OP, query, key_cache=key_cache, value_cache=value_cache, out=out,
                 block_table=block_table, query_start_loc=query_start_loc, seq_lens=seq_lens)
     if num_seqs and values_on_host(query):
-        key = (block_table, query_start_loc, seq_lens, query.shape[0], key_cache.shape[0],
-               key_cache.shape[1], max_query_len, max_seq_len)
-        if not _checked.seen(*key):
+        indices = (block_table, query_start_loc, seq_lens)
+        sizes = (query.shape[0], key_cache.shape[0], key_cache.shape[1], max_query_len,
+                 max_seq_len)
+        if not _checked.seen(indices, *sizes):
             _check_lengths(query.shape[0], key_cache.shape[0], key_cache.shape[1], block_table,
                            query_start_loc[: num_seqs + 1], seq_lens, max_query_len,
                            max_seq_len)
-            _checked.passed(*key)
+            _checked.passed(indices, *sizes)
 
 
 def _check_lengths(num_tokens: int, num_blocks: int, block_size: int, block_table, qsl,

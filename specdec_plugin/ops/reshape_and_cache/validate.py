@@ -30,8 +30,8 @@ def check_reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: t
                 slot_mapping=slot_mapping)
     if slot_mapping.shape[0] and values_on_host(slot_mapping):
         capacity = key_cache.shape[0] * key_cache.shape[1]
-        if not _checked.seen(slot_mapping, capacity):
+        if not _checked.seen((slot_mapping,), capacity):
             # Negative slots are padding; anything else must be a slot of the cache.
             if int(slot_mapping.max()) >= capacity:
                 fail(_OP, f"a slot is past the cache's {capacity} slots")
-            _checked.passed(slot_mapping, capacity)
+            _checked.passed((slot_mapping,), capacity)
