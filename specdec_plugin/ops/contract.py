@@ -42,26 +42,30 @@ class CheckedValues:
     """The inputs whose values one validator read last, so that it reads them once per step
     rather than once per layer: every layer of a step passes the same index tensors (the same
     objects). A tensor written in place since then (its ``_version`` moved) or any other
-    argument makes it read them again. Only ever skips a repeat of a check that passed, so
-    results never depend on what ran before."""
+    argument makes it read them again. Inference tensors keep no version counter, so they
+    are read every time. Only ever skips a repeat of a check that passed, so results never
+    depend on what ran before."""
 
     def __init__(self) -> None:
-        self._key: tuple = ()
+        self._key: tuple | None = None
         self._tensors: tuple = ()  # held, so that no other tensor can take their ids
 
     def seen(self, tensors: tuple[torch.Tensor, ...], *sizes: int) -> bool:
         """True if ``tensors`` (the same objects, unchanged) and ``sizes`` passed last time."""
-        return self._key == _key(tensors, sizes)
+        key = _key(tensors, sizes)
+        return key is not None and key == self._key
 
     def passed(self, tensors: tuple[torch.Tensor, ...], *sizes: int) -> None:
         self._key, self._tensors = _key(tensors, sizes), tensors
 
 
-def _key(tensors: tuple, sizes: tuple) -> tuple:
+def _key(tensors: tuple, sizes: tuple) -> tuple | None:
     # Integers only, so the comparison never calls a tensor's __eq__ (a loop: this runs for
-    # every kernel call, and generator expressions cost more).
+    # every kernel call, and generator expressions cost more). None: not comparable.
     key = list(sizes)
     for t in tensors:
+        if t.is_inference():  # no version counter: an in-place write would go unseen
+            return None
         key.append(id(t))
         key.append(t._version)
     return tuple(key)

@@ -357,6 +357,22 @@ def test_contract_rejects_out_of_range_lengths_and_blocks(op, provider):
     _rejects(attention, case, torch.full_like(out, float("nan")), {"block written in place": {}})
 
 
+@pytest.mark.parametrize("op,provider", [p for p in host_providers(FOLDER)
+                                         if p.values[0] == "paged_attention"])
+def test_inference_tensors_are_checked_on_every_call(op, provider):
+    """Tensors made under inference_mode keep no version counter, so the once-per-step memo
+    cannot tell an in-place write: their values are read on every call."""
+    attention = kernel(op, provider)
+    with torch.inference_mode():
+        case = _contract_case(provider)
+        out = torch.full_like(case["query"], float("nan"))
+        attention(**case, out=out)
+        check_written(out, case)
+        case["block_table"][1, 1] = case["key_cache"].shape[0]
+        _rejects(attention, case, torch.full_like(out, float("nan")),
+                 {"block written in place": {}})
+
+
 @pytest.mark.parametrize("op,provider", ATTENTION_PROVIDERS)
 def test_empty_batch_writes_nothing(op, provider):
     case = _contract_case(provider)
