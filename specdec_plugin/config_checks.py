@@ -85,12 +85,49 @@ def _check_kv_cache_dtype(config: "VllmConfig", device: "DeviceLayer") -> None:
 
 
 def _check_parallelism(config: "VllmConfig", device: "DeviceLayer") -> None:
+    # Tensor, pipeline and data parallel go through vLLM's own distributed engine on every
+    # device (CPU: gloo; CUDA: NCCL); vLLM itself checks head counts and draft TP sizes.
     parallel = config.parallel_config
-    if device.name == "cpu" and parallel.world_size > 1:
+    spec = config.speculative_config
+    if spec is not None and parallel.pipeline_parallel_size > 1:
+        # vLLM's V1 model runner (the one this platform runs) builds the drafter on the last
+        # stage only, then reads it on every stage and miscounts the earlier stages' tokens;
+        # vLLM refuses EAGLE-family drafters under PP itself (they do not implement SupportsPP).
         raise SpecDecConfigError(
-            f"tensor_parallel_size={parallel.tensor_parallel_size}, pipeline_parallel_size="
-            f"{parallel.pipeline_parallel_size}: specdec_plugin runs one worker on CPU. "
-            f"Fix: use tensor_parallel_size=1 and pipeline_parallel_size=1."
+            f"pipeline_parallel_size={parallel.pipeline_parallel_size} with speculative_config."
+            f"method={spec.method!r}: vLLM 0.26's V1 model runner cannot speculate across "
+            f"pipeline stages. Fix: shard with tensor_parallel_size instead (speculation works "
+            f"there), or drop speculative_config to keep pipeline parallelism."
+        )
+
+
+def _check_draft_sharding(config: "VllmConfig", device: "DeviceLayer") -> None:
+    # Caught here, in the user's process, instead of in every worker after the engine started.
+    spec = config.speculative_config
+    if spec is None or spec.draft_model_config is None or spec.draft_parallel_config is None:
+        return
+    target_tp = config.parallel_config.tensor_parallel_size
+    draft_tp = spec.draft_parallel_config.tensor_parallel_size
+    if spec.method == "draft_model" and draft_tp != target_tp:
+        # vLLM's V1 draft-model proposer refuses it (draft_model.py: ranks would share one
+        # compile cache for a drafter that only some of them run).
+        raise SpecDecConfigError(
+            f"speculative_config.draft_tensor_parallel_size={draft_tp} with tensor_parallel_size="
+            f"{target_tp}: vLLM 0.26 runs a draft model only at the target's tensor parallel size. "
+            f"Fix: set draft_tensor_parallel_size={target_tp} (or leave it unset)."
+        )
+    draft = spec.draft_model_config.hf_text_config
+    sizes = {name: getattr(draft, name, None)
+             for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size")}
+    uneven = {name: size for name, size in sizes.items() if size and size % draft_tp and
+              not (name == "num_key_value_heads" and draft_tp % size == 0)}  # KV heads may replicate
+    if uneven:
+        shown = ", ".join(f"{name}={size}" for name, size in uneven.items())
+        raise SpecDecConfigError(
+            f"speculative_config.model={spec.draft_model_config.model!r} has {shown}, which "
+            f"does not split over tensor_parallel_size={draft_tp}. Fix: use a draft model whose "
+            f"heads and MLP width divide by {draft_tp}, a tensor_parallel_size that divides them, "
+            f"or method='ngram' / 'suffix', which have no drafter weights to split."
         )
 
 
@@ -101,6 +138,7 @@ CHECKS: dict[str, Callable[["VllmConfig", "DeviceLayer"], None]] = {
     "quantization": _check_quantization,
     "kv_cache_dtype": _check_kv_cache_dtype,
     "parallelism": _check_parallelism,
+    "draft_sharding": _check_draft_sharding,
 }
 
 

@@ -73,6 +73,9 @@ class SpecDecPlatform(Platform):
 
     @classmethod
     def use_custom_allreduce(cls) -> bool:
+        # vLLM's custom all-reduce asserts a CUDA-alike platform enum (custom_all_reduce.py)
+        # and asks NVML through CudaPlatform for the topology; an out-of-tree platform has
+        # neither, so tensor-parallel all-reduces go through NCCL (pynccl), graph-safe too.
         return False
 
     @classmethod
@@ -110,7 +113,7 @@ class SpecDecPlatform(Platform):
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:
-        return "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
+        return cls.device.communicator_cls
 
     # ---- attention ----
     @classmethod

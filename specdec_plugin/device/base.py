@@ -14,6 +14,11 @@ class DeviceLayer:
     # dispatch key for vLLM's custom ops (torch.ops.vllm.*): must match where tensors live.
     dispatch_key: ClassVar[str]
     dist_backend: ClassVar[str]
+    # vLLM's class for collectives between this device's ranks (tensor / pipeline parallel);
+    # built by vLLM only when a group has more than one rank. The base class goes through
+    # torch.distributed on ``dist_backend``.
+    communicator_cls: ClassVar[str] = (
+        "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase")
     device_control_env_var: ClassVar[str] = "SPECDEC_VISIBLE_DEVICES"
     ray_device_key: ClassVar[str] = ""
     # Kernel providers in order of preference (see specdec_plugin.ops.registry).
@@ -75,8 +80,11 @@ class DeviceLayer:
     def worker_device(self, local_rank: int) -> torch.device:
         raise NotImplementedError
 
-    def prepare_worker_process(self) -> None:
-        """Process-wide setup in a worker before the model runner exists (threads, patches)."""
+    def prepare_worker_process(self, workers_on_host: int = 1) -> None:
+        """Process-wide setup in a worker before the model runner exists (threads, patches).
+
+        ``workers_on_host``: how many workers of this engine share this host (tensor x pipeline
+        x local data-parallel ranks), for devices whose workers share its cores."""
 
     def measures_memory(self) -> bool:
         """True if vLLM's own memory profiler works here (it needs torch.accelerator stats)."""

@@ -58,9 +58,11 @@ class CpuDevice(DeviceLayer):
     def worker_device(self, local_rank: int) -> torch.device:
         return torch.device("cpu")
 
-    def prepare_worker_process(self) -> None:
-        # vLLM sets one thread for non-CPU platforms; the torch reference kernels want all cores.
-        torch.set_num_threads(envs.cpu_threads())
+    def prepare_worker_process(self, workers_on_host: int = 1) -> None:
+        # vLLM sets one thread for non-CPU platforms; our kernels want the cores, shared out
+        # between the workers of one engine (tensor / pipeline / data parallel ranks), which
+        # would otherwise each start a thread per core and fight over them.
+        torch.set_num_threads(max(1, envs.cpu_threads() // max(1, workers_on_host)))
         # With a CUDA torch on a GPU-less machine torch.accelerator and CUDA streams/events
         # raise on first use, and the V1 runner calls them in construction, profiling, cleanup
         # and (EAGLE-family drafters) every step: patches P4 and P5, for this process's life.

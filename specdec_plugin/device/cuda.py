@@ -13,6 +13,10 @@ class CudaDevice(DeviceLayer):
     torch_device_type: ClassVar[str] = "cuda"
     dispatch_key: ClassVar[str] = "CUDA"
     dist_backend: ClassVar[str] = "nccl"
+    # vLLM's own: NCCL through pynccl, which works inside CUDA graphs (and is the only
+    # communicator vLLM's graph_capture accepts for TP > 1 besides XPU's). Its custom
+    # all-reduce stays off (SpecDecPlatform.use_custom_allreduce says why).
+    communicator_cls: ClassVar[str] = "vllm.distributed.device_communicators.cuda_communicator.CudaCommunicator"
     device_control_env_var: ClassVar[str] = "CUDA_VISIBLE_DEVICES"
     ray_device_key: ClassVar[str] = "GPU"
     kernel_providers: ClassVar[tuple[str, ...]] = ("triton", "torch")

@@ -38,7 +38,8 @@ class SpecDecWorker(Worker):
 
     def init_device(self) -> None:
         layer = self.device_layer
-        layer.prepare_worker_process()
+        parallel = self.parallel_config
+        layer.prepare_worker_process(parallel.world_size * parallel.data_parallel_size_local)
         apply_worker_patches(layer.kernel_providers)
         # Our norm / rotary / activation layers, before any model or drafter is built.
         from specdec_plugin.ops.custom_ops import register_custom_ops
