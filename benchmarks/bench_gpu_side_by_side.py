@@ -38,10 +38,10 @@ from tests.engine_runner import run_in_subprocess  # noqa: E402
 METHODS = ("none", "draft_model", "eagle", "eagle3", "ngram", "suffix")
 
 
-def _llama7b_setup(args) -> tuple[str, dict, dict]:
+def _random_setup(args, family: str) -> tuple[str, dict, dict]:
     from gpu_models import repeated_random_prompt, write_configs
 
-    paths = write_configs(args.work)
+    paths = write_configs(args.work, family)
     synthetic = {"rejection_sample_method": "synthetic",
                  "synthetic_acceptance_length": args.acceptance_length}
     k = args.k
@@ -56,7 +56,8 @@ def _llama7b_setup(args) -> tuple[str, dict, dict]:
     for spec in specs.values():
         if spec is not None:
             spec["num_speculative_tokens"] = k
-    workload = {"prompt_token_ids": [repeated_random_prompt(seed=s) for s in range(16)],
+    vocab = json.loads((Path(paths["target"]) / "config.json").read_text())["vocab_size"]
+    workload = {"prompt_token_ids": [repeated_random_prompt(vocab=vocab, seed=s) for s in range(16)],
                 "engine": {"load_format": "dummy", "skip_tokenizer_init": True}}
     return paths["target"], specs, workload
 
@@ -77,7 +78,12 @@ def _padded_setup(args) -> tuple[str, dict, dict]:
     return str(paths["target"]), specs, {"prompts": BENCH_PROMPTS, "engine": {}}
 
 
-SETUPS = {"llama7b-random": _llama7b_setup, "smollm2-padded": _padded_setup}
+SETUPS = {
+    "llama7b-random": lambda args: _random_setup(args, "llama7b"),
+    # Llama-3.1-70B's layers, 40 of them (36B): for --tensor-parallel-size 2 on two GPUs.
+    "llama70b-40l-random": lambda args: _random_setup(args, "llama70b-40l"),
+    "smollm2-padded": _padded_setup,
+}
 
 
 def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +104,7 @@ BACKENDS = {
 def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> dict:
     engine = {"dtype": "bfloat16", "max_model_len": args.max_model_len,
               "max_num_seqs": max(args.batches), "gpu_memory_utilization": 0.85,
+              "tensor_parallel_size": args.tensor_parallel_size,
               **workload["engine"]}
     if spec is not None:
         engine["speculative_config"] = spec
@@ -188,6 +195,8 @@ def main() -> None:
     parser.add_argument("--small-target", help="SmolLM2 checkpoint directory (smollm2-padded)")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="GPUs per engine (both backends; vLLM's NCCL process groups)")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
@@ -211,7 +220,8 @@ def main() -> None:
     target, specs, workload = SETUPS[args.model](args)
     report = {"model": args.model, "k": args.k, "batches": args.batches,
               "max_tokens": args.max_tokens, "repeats": args.repeats,
-              "acceptance_length_setting": args.acceptance_length if args.model == "llama7b-random" else None,
+              "acceptance_length_setting": args.acceptance_length if args.model.endswith("-random") else None,
+              "tensor_parallel_size": args.tensor_parallel_size,
               "native_runner": args.native_runner,
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "engines": {}, "rows": []}
     log = str(out / "engines.log")

@@ -41,13 +41,35 @@ EAGLE3_HEAD = {**LLAMA_7B, "num_hidden_layers": 1, "draft_vocab_size": 32000,
 CONFIGS = {"target": LLAMA_7B, "draft_model": DRAFT_2_LAYER, "eagle": EAGLE_HEAD,
            "eagle3": EAGLE3_HEAD}
 
+# For tensor parallel runs (issue 14): Llama-3.1-70B's layer shapes (hidden 8192, MLP 28672,
+# 64/8 heads of 128, vocab 128,256) with 40 of its 80 layers: 36.3B parameters, 73 GB in bf16,
+# so TP=2 holds it on two H200s. Drafters in proportion: a 2-layer 2048-wide draft model
+# (16/8 heads, which split over 2 GPUs) and one-layer EAGLE / EAGLE-3 heads of the target's width.
+LLAMA_70B_40L = {**LLAMA_7B, "hidden_size": 8192, "intermediate_size": 28672,
+                 "num_hidden_layers": 40, "num_attention_heads": 64, "num_key_value_heads": 8,
+                 "vocab_size": 128256, "max_position_embeddings": 8192}
+CONFIGS_70B_40L = {
+    "target": LLAMA_70B_40L,
+    "draft_model": {**LLAMA_70B_40L, "hidden_size": 2048, "intermediate_size": 7168,
+                    "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 8},
+    "eagle": {**LLAMA_70B_40L, "num_hidden_layers": 1},
+    "eagle3": {**LLAMA_70B_40L, "num_hidden_layers": 1, "draft_vocab_size": 128256,
+               "target_hidden_size": 8192, "norm_before_residual": False,
+               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 20, 37],
+                                "use_aux_hidden_state": True}},
+}
 
-def write_configs(root: str | Path) -> dict[str, str]:
-    """One directory per entry of CONFIGS holding its config.json; returns name -> path."""
+# Model family name -> its checkpoint configs (the family names the directories).
+FAMILIES = {"llama7b": CONFIGS, "llama70b-40l": CONFIGS_70B_40L}
+
+
+def write_configs(root: str | Path, family: str = "llama7b") -> dict[str, str]:
+    """One directory per entry of the family's configs, holding its config.json; returns
+    name -> path."""
     root = Path(root)
     paths = {}
-    for name, config in CONFIGS.items():
-        directory = root / f"llama7b-{name}"
+    for name, config in FAMILIES[family].items():
+        directory = root / f"{family}-{name}"
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "config.json").write_text(json.dumps(config, indent=1))
         paths[name] = str(directory)
