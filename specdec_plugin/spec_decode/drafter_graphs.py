@@ -290,6 +290,11 @@ class DrafterGraphs:
             logger.warning("specdec_plugin: drafter graph for key %s not recorded (%s: %s); "
                            "these steps draft eagerly", key[:3], type(err).__name__, err)
             self._draft_graphs[key] = None
+            # The failed graph dies here and, if it was the pool's only graph, takes the pool
+            # with it: torch's allocator then refuses the pool id for any later capture
+            # ("use_count > 0" assert; seen on the H100, 2026-11-25: after one forced failure
+            # no shape was recorded again). Later recordings start a pool of their own.
+            self._graph_pool = None
             return None
         finally:
             self._recording_graph = False
