@@ -86,7 +86,8 @@ def _check_kv_cache_dtype(config: "VllmConfig", device: "DeviceLayer") -> None:
 
 def _check_parallelism(config: "VllmConfig", device: "DeviceLayer") -> None:
     # Tensor, pipeline and data parallel go through vLLM's own distributed engine on every
-    # device (CPU: gloo; CUDA: NCCL); vLLM itself checks head counts and draft TP sizes.
+    # device (CPU: gloo; CUDA: NCCL); vLLM itself checks the target's head counts, and
+    # _check_draft_sharding the drafter's.
     parallel = config.parallel_config
     spec = config.speculative_config
     if spec is not None and parallel.pipeline_parallel_size > 1:
