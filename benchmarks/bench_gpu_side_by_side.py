@@ -39,7 +39,7 @@ METHODS = ("none", "draft_model", "eagle", "eagle3", "ngram", "suffix")
 
 
 def _random_setup(args, family: str) -> tuple[str, dict, dict]:
-    from gpu_models import repeated_random_prompt, write_configs
+    from gpu_models import FAMILIES, repeated_random_prompt, write_configs
 
     paths = write_configs(args.work, family)
     synthetic = {"rejection_sample_method": "synthetic",
@@ -56,7 +56,7 @@ def _random_setup(args, family: str) -> tuple[str, dict, dict]:
     for spec in specs.values():
         if spec is not None:
             spec["num_speculative_tokens"] = k
-    vocab = json.loads((Path(paths["target"]) / "config.json").read_text())["vocab_size"]
+    vocab = FAMILIES[family]["target"]["vocab_size"]
     workload = {"prompt_token_ids": [repeated_random_prompt(vocab=vocab, seed=s) for s in range(16)],
                 "engine": {"load_format": "dummy", "skip_tokenizer_init": True}}
     return paths["target"], specs, workload
