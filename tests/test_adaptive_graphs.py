@@ -66,3 +66,24 @@ def test_the_runner_dispatcher_lists_every_query_length_for_capture():
     descs = [d for _, ds in main.get_capture_descs() for d in ds]
     assert len(descs) == own + 4 * 7
     assert {d.num_tokens // d.num_reqs for d in descs if d.uniform} == {1, 2, 3, 4, 5}
+
+
+def test_capture_lists_one_group_per_mode_so_the_graph_estimate_counts_every_graph():
+    """vLLM's graph-memory estimate keys its per-graph figure by mode: a second FULL group
+    would overwrite the first one's, and the estimate would miss most graphs."""
+    from vllm.config.compilation import CUDAGraphMode
+
+    from specdec_plugin.adaptive.graphs import QueryLengthDispatcher, query_len_dispatchers
+
+    config = _graph_config()
+    main = QueryLengthDispatcher(config)
+    main.uniform_decode_query_len = 1 + K
+    main.initialize_cudagraph_keys(CUDAGraphMode.FULL_AND_PIECEWISE, 1 + K)
+    main.extra = query_len_dispatchers(config, CUDAGraphMode.FULL_AND_PIECEWISE, K, 8192)
+    groups = main.get_capture_descs()
+    modes = [mode for mode, _ in groups]
+    assert modes == [CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL]
+    full = dict(groups)[CUDAGraphMode.FULL]
+    assert len(full) == 5 * 7  # vLLM's 1+K graphs and four extra query lengths, 7 counts each
+    sizes = [(d.num_tokens, d.num_active_loras) for d in full]
+    assert sizes == sorted(sizes, reverse=True)
