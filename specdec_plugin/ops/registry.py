@@ -76,6 +76,11 @@ KERNELS: dict[str, dict[str, str]] = {
         "torch": f"{_OPS}.spec_prep.reference:copy_and_expand_eagle_inputs",
         "triton": f"{_OPS}.spec_prep.triton:copy_and_expand_eagle_inputs",
     },
+    # speculative decoding: n-gram prompt lookup on the device (the C++ index on the host)
+    "ngram_match": {
+        "torch": f"{_OPS}.ngram_match.reference:ngram_match",
+        "triton": f"{_OPS}.ngram_match.triton:ngram_match",
+    },
     # model layers: vLLM's RMSNorm / RotaryEmbedding / SiluAndMul (ops/custom_ops.py)
     "rms_norm": {
         "torch": f"{_OPS}.rms_norm.reference:rms_norm",
