@@ -12,6 +12,10 @@
 - ``SPECDEC_ADAPTIVE=0``: draft K tokens every step, as vLLM does, instead of letting the
   adaptive controller choose 0..K per step from observed acceptance and measured step costs
   (default on; a user-given ``num_speculative_tokens_per_batch_size`` also turns it off).
+- ``SPECDEC_NGRAM_ON_DEVICE=0|1``: where method "ngram" matches: ``1`` on the device (our
+  ``ngram_match`` kernel over device-resident token histories, vLLM's ``ngram_gpu`` path, with
+  async scheduling where the device has it), ``0`` on the host (our C++ index). Default: the
+  device layer's choice (``DeviceLayer.ngram_on_device``: GPUs yes, the CPU no).
 - ``SPECDEC_JIT_BUILD=1``: compile csrc/ with torch's cpp_extension on first use when the
   installed package has no ``specdec_plugin._C`` (a source checkout not built by pip).
 - ``SPECDEC_CACHE_DIR``: where ``specdec-models`` keeps checkpoints (default
@@ -58,3 +62,10 @@ def model_cache_dir() -> str | None:
 
 def adaptive_drafting() -> bool:
     return os.environ.get("SPECDEC_ADAPTIVE", "1").strip().lower() in _TRUE
+
+
+def ngram_on_device() -> bool | None:
+    """None: unset, the device layer decides."""
+    value = os.environ.get("SPECDEC_NGRAM_ON_DEVICE", "").strip().lower()
+    return None if not value else value in _TRUE
+

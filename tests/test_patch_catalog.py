@@ -97,6 +97,28 @@ def test_p7_and_runner_seam_drafter_construction():
         assert _params(relpath, "__init__", cls=cls) == ["self", "vllm_config", "device", "runner"]
 
 
+def test_p7_device_ngram_proposer():
+    text = _source("v1/worker/gpu_model_runner.py")
+    # Looked up as a module global when the runner is built, with these arguments.
+    assert "self.drafter = NgramProposerGPU(self.vllm_config, self.device, self)" in text
+    path = "v1/spec_decode/ngram_proposer_gpu.py"
+    assert _params(path, "__init__", cls="NgramProposerGPU") == [
+        "self", "vllm_config", "device", "runner"]
+    # The runner calls propose positionally with these; ours keeps the order.
+    from specdec_plugin.spec_decode.ngram_device import SpecDecNgramProposerGPU
+
+    theirs = _params(path, "propose", cls="NgramProposerGPU")
+    assert theirs == list(inspect.signature(SpecDecNgramProposerGPU.propose).parameters)
+    # vLLM resolves async scheduling from the method before platform hooks (why P6 maps it).
+    assert "NgramGPUTypes" in _source("config/vllm.py")
+
+
+def test_p10_pinned_staging_buffers():
+    text = _source("v1/worker/gpu_model_runner.py")
+    assert text.count("pin_memory=True") >= 2 and "self._ngram_pinned_idx_buf = torch.zeros(" in text
+    assert ".pin_memory()" in _source("v1/spec_decode/ngram_proposer_gpu.py")
+
+
 def test_p8_arctic_inference_check():
     text = _source("config/speculative.py")
     assert "if not has_arctic_inference():" in text

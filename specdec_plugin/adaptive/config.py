@@ -13,7 +13,10 @@ from specdec_plugin.log import init_logger
 
 logger = init_logger(__name__)
 
-ADAPTIVE_METHODS = frozenset({"ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp"})
+# "ngram_gpu": method "ngram" matched on the device (spec_decode/ngram_device.py); its proposer
+# drafts the step's chosen length, as the host one does.
+ADAPTIVE_METHODS = frozenset({"ngram", "ngram_gpu", "suffix", "draft_model", "eagle", "eagle3",
+                              "mtp"})
 
 _SCHEDULERS = {
     False: "specdec_plugin.adaptive.scheduler.AdaptiveScheduler",

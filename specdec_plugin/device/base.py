@@ -28,6 +28,10 @@ class DeviceLayer:
     # vLLM extension modules the platform imports in import_kernels (no compute kernels).
     vllm_extensions: ClassVar[tuple[str, ...]] = ()
     supports_graphs: ClassVar[bool] = False
+    # Method "ngram" matches on the device (ops/ngram_match over the runner's device-resident
+    # token histories, vLLM's "ngram_gpu" path, which async scheduling overlaps with the step)
+    # rather than in the C++ index on the host (spec_decode/ngram_device.py).
+    ngram_on_device: ClassVar[bool] = False
     # torch.compile backend for vLLM's model graphs and its small @torch.compile helpers
     # (Platform.simple_compile_backend). "eager" traces without code generation: right where
     # Inductor has no code generator or measured no gain.

@@ -5,7 +5,8 @@ subclasses, the runner's attributes after its constructor). Each patch below say
 what it changes, the vLLM 0.26 source it replaces ("Replaces", paths under vllm/), and when it
 can go. tests/test_patch_catalog.py fails when one of those vLLM symbols changes shape.
 P1-P3, P7, P9 are applied in a worker process, before the model runner is built, by
-``apply_worker_patches`` (idempotent); P4-P5 by the CPU device layer in its worker process.
+``apply_worker_patches`` (idempotent); P4-P5 by the CPU device layer in its worker process;
+P10 by the model runner where it applies.
 
 P1 kernel warm-up (``vllm.v1.worker.gpu_worker.kernel_warmup``)
    Why: vLLM's warm-up imports CUDA fusion modules that touch ``torch.ops._C.rotary_embedding``
@@ -55,7 +56,11 @@ P6 input checks before ``ModelConfig`` (``EngineArgs.create_engine_config``, pat
    local model path surfaces as a Hugging Face Hub error about repo ids.
    What: a wrapper that checks local model and draft-model paths first, then calls vLLM's;
    it also records the user's graph capture sizes, which the platform can no longer tell from
-   vLLM's defaults when it sees the config (capture_sizes.py: rounded to n*(1+K) with a warning).
+   vLLM's defaults when it sees the config (capture_sizes.py: rounded to n*(1+K) with a warning),
+   and turns method "ngram" into vLLM's "ngram_gpu" where the device layer matches n-grams on
+   the device (spec_decode/ngram_device.py): here, because vLLM resolves async scheduling from
+   the method inside ``VllmConfig.__post_init__`` (config/vllm.py:1059-1080), before any
+   platform hook, and allows it for "ngram_gpu" only.
    Replaces: engine/arg_utils.py:1847 ``EngineArgs.create_engine_config`` (wrapped, not changed).
    Installed from the ``vllm.general_plugins`` entry point (vLLM loads it in
    ``EngineArgs.__post_init__``), unlike P1-P5 which are applied in workers.
@@ -68,10 +73,14 @@ P7 the n-gram and suffix proposer classes the V1 runner builds (patches/proposer
    (spec_decode/runner_drafters.py), the runner's seam. These two cannot use that seam, because
    vLLM's constructor must not run: the suffix one imports arctic-inference (not installed), the
    n-gram one JIT-compiles numba on a 1024 x max_model_len batch at every start.
-   What: those names are rebound to our subclasses on csrc/ (the runner's type checks accept
-   subclasses).
-   Replaces: v1/worker/gpu_model_runner.py:602 ``self.drafter = NgramProposer(self.vllm_config)``
-   and :634 ``self.drafter = SuffixDecodingProposer(self.vllm_config)``.
+   The same holds for the device n-gram proposer (method "ngram_gpu", what "ngram" becomes on
+   GPUs): vLLM's constructor compiles its own matching kernel with Inductor and runs it on a
+   max_num_seqs x max_model_len dummy batch; ours matches with ops/ngram_match.
+   What: those names are rebound to our subclasses on csrc/ and ops/ngram_match (the runner's
+   type checks accept subclasses).
+   Replaces: v1/worker/gpu_model_runner.py:602 ``self.drafter = NgramProposer(self.vllm_config)``,
+   :610 ``self.drafter = NgramProposerGPU(self.vllm_config, self.device, self)`` and
+   :634 ``self.drafter = SuffixDecodingProposer(self.vllm_config)``.
    When it can go: when vLLM lets a platform register proposers per method.
 
 P8 ``vllm.config.speculative.has_arctic_inference`` (patches/suffix_config.py)
@@ -88,6 +97,17 @@ P9 ``vllm.v1.worker.gpu_model_runner.bind_kv_cache`` (patches/bind_kv_cache.py)
    Replaces: v1/worker/utils.py:482 ``bind_kv_cache`` (its check at :523-532), called from
    v1/worker/gpu_model_runner.py:7526.
    When it can go: when the check covers out-of-tree platforms that use the V1 runner.
+
+P10 ``torch.zeros(pin_memory=...)`` and ``torch.Tensor.pin_memory`` on a worker with no
+   accelerator (patches/host_pinning.py), only when method "ngram_gpu" runs there
+   (``SPECDEC_NGRAM_ON_DEVICE=1`` on the CPU: the engine tests of the device n-gram path)
+   Why: the V1 runner allocates the ngram_gpu staging buffers with a literal
+   ``pin_memory=True`` and pins each new request's history; a CUDA torch without a GPU raises.
+   What: memory stays unpinned (the same thing in a process that computes on the CPU only).
+   Applied by the model runner before vLLM's constructor, for the life of that process.
+   Replaces: v1/worker/gpu_model_runner.py:620-625 (``torch.zeros(..., pin_memory=True)``) and
+   v1/spec_decode/ngram_proposer_gpu.py:553, :599 (``.pin_memory()``).
+   When it can go: when those allocations ask ``is_pin_memory_available()`` as the rest do.
 """
 from __future__ import annotations
 

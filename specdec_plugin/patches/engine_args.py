@@ -4,7 +4,8 @@ vLLM reads the model's config while building ``ModelConfig``, before any platfor
 the arguments; a missing local path then surfaces as a Hugging Face Hub error about repo ids.
 This wraps ``EngineArgs.create_engine_config`` so our input checks run first, and records the
 user's graph capture sizes for the platform (which otherwise sees them merged with vLLM's
-defaults, see capture_sizes.py). It is installed
+defaults, see capture_sizes.py), and picks where method "ngram" matches (host or device,
+spec_decode/ngram_device.py) while vLLM can still resolve async scheduling from it. It is installed
 by the ``vllm.general_plugins`` entry point, which vLLM loads in ``EngineArgs.__post_init__``.
 """
 from __future__ import annotations
@@ -67,6 +68,15 @@ def _checked(create_engine_config):
             if _speculative_model(spec) not in ("ngram", "[ngram]"):
                 check_model_path("speculative_config.model", _speculative_model(spec))
             validate_speculative_config(spec, self.model)
+            # Method "ngram" runs where the device layer says (spec_decode/ngram_device.py):
+            # chosen here, before vLLM resolves async scheduling from the method.
+            from vllm.platforms import current_platform
+
+            layer = getattr(current_platform, "device", None)  # None: not our platform
+            if isinstance(spec, dict) and layer is not None:
+                from specdec_plugin.spec_decode.ngram_device import device_ngram_method
+
+                self.speculative_config = device_ngram_method(spec, layer)
         # Let the platform tell the user's capture sizes from vLLM's defaults (capture_sizes.py).
         from specdec_plugin.capture_sizes import recording_user_sizes
 

@@ -14,6 +14,10 @@ import importlib
 PROPOSERS: dict[tuple[str, str], str] = {
     ("vllm.v1.spec_decode.ngram_proposer", "NgramProposer"):
         "specdec_plugin.spec_decode.ngram:SpecDecNgramProposer",
+    # method "ngram_gpu" (what "ngram" becomes on devices that match on the device): vLLM's
+    # constructor compiles its own kernel with Inductor and runs it on a max-size dummy batch.
+    ("vllm.v1.worker.gpu_model_runner", "NgramProposerGPU"):
+        "specdec_plugin.spec_decode.ngram_device:SpecDecNgramProposerGPU",
     ("vllm.v1.worker.gpu_model_runner", "SuffixDecodingProposer"):
         "specdec_plugin.spec_decode.suffix:SpecDecSuffixProposer",
 }

@@ -104,6 +104,7 @@ def _check_ngram(spec: dict, target: dict | None) -> None:
 
 METHOD_CHECKS: dict[str, Callable[[dict, dict | None], None]] = {
     "ngram": _check_ngram,
+    "ngram_gpu": _check_ngram,  # vLLM's name for the device path; the device layer decides
     "suffix": _check_suffix,
     "draft_model": _check_draft_model,
     "eagle": _check_eagle,

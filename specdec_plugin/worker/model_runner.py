@@ -21,6 +21,11 @@ from specdec_plugin.worker.memory_accounting import reserve_attention_workspaces
 
 class SpecDecModelRunner(AdaptiveGraphsMixin, GPUModelRunner):
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
+        spec = vllm_config.speculative_config
+        if spec is not None and spec.use_ngram_gpu() and not current_platform.device.pin_memory:
+            from specdec_plugin.patches import host_pinning
+
+            host_pinning.apply()  # P10: the device n-gram path forced onto the CPU (tests)
         super().__init__(vllm_config, device)
         self.device_layer = current_platform.device
         install_drafter(self)  # EAGLE family and draft model; n-gram and suffix: patch P7

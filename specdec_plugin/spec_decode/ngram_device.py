@@ -1,0 +1,123 @@
+"""Method "ngram" matched on the device: vLLM's ``ngram_gpu`` path with our ``ngram_match``
+kernel (``ops/ngram_match``), so n-gram steps run with async scheduling.
+
+How it fits in vLLM 0.26:
+- The user's ``method: "ngram"`` becomes vLLM's ``"ngram_gpu"`` before vLLM builds its config
+  (``device_ngram_method``, called from patch P6), on devices whose layer says
+  ``ngram_on_device`` (or with ``SPECDEC_NGRAM_ON_DEVICE=1``). vLLM then resolves async
+  scheduling itself (it allows it for ``ngram_gpu``), as for a user who asked for that method.
+- The V1 runner keeps, for ``ngram_gpu``, a device copy of every request's token history and
+  length (``token_ids_gpu_tensor``, ``num_tokens_no_spec_gpu``: gpu_model_runner.py:609-625,
+  1499-1509, 1537-1539), trims each request's scheduled drafts to the count the proposer
+  returned (``update_scheduler_for_invalid_drafts``) and hands the drafts to the next step on
+  the device. All of that stays vLLM's; only the proposer is ours (patch P7 rebinds the
+  runner's ``NgramProposerGPU`` name to ``SpecDecNgramProposerGPU``).
+- Drafts equal the C++ index's on the same history (tests/ops/test_ngram_match.py), including
+  its ``max_model_len`` cap, which vLLM's own ngram_gpu kernel does not apply.
+
+The CPU keeps the host index by default (it measured fastest there); forcing this path on the
+CPU runs the torch reference kernel (the engine tests do, to check the wiring without a GPU).
+"""
+from __future__ import annotations
+
+import torch
+from vllm.config import VllmConfig
+from vllm.v1.spec_decode.ngram_proposer_gpu import NgramProposerGPU
+
+from specdec_plugin import envs
+from specdec_plugin.ops.registry import get_kernel
+
+# The user's method -> the method vLLM runs, by where matching happens (True: the device).
+_METHOD_FOR = {
+    True: {"ngram": "ngram_gpu", "ngram_gpu": "ngram_gpu"},
+    False: {"ngram": "ngram", "ngram_gpu": "ngram"},
+}
+
+
+def ngram_on_device(device_layer) -> bool:
+    forced = envs.ngram_on_device()
+    return device_layer.ngram_on_device if forced is None else forced
+
+
+def device_ngram_method(spec: dict, device_layer) -> dict:
+    """The user's speculative config with the n-gram method vLLM should run on this device (a
+    copy where it changes; the user's dict is never modified). ``model: "ngram"`` without a
+    method is vLLM's other spelling of method "ngram"."""
+    method = spec.get("method")
+    if method is None and spec.get("model") in ("ngram", "[ngram]"):
+        method = "ngram"
+    wanted = _METHOD_FOR[ngram_on_device(device_layer)].get(method)
+    if wanted is None or (wanted == spec.get("method") and "model" not in spec):
+        return spec
+    out = dict(spec, method=wanted)
+    if out.get("model") in ("ngram", "[ngram]", "ngram_gpu"):
+        out.pop("model")  # vLLM names the model after the method itself
+    return out
+
+
+class SpecDecNgramProposerGPU(NgramProposerGPU):
+    """vLLM's device n-gram proposer with our matching kernel.
+
+    ``super().__init__`` is skipped on purpose: it compiles vLLM's own kernel with Inductor and
+    runs it three times on a ``max_num_seqs x max_model_len`` dummy batch. The runner reads no
+    attribute of ours besides the methods (``propose``, ``update_token_ids_ngram``, which only
+    needs ``device``, and ``load_model``).
+    """
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, runner=None):
+        from vllm.platforms import current_platform
+
+        spec = vllm_config.speculative_config
+        self.vllm_config = vllm_config
+        self.min_n = spec.prompt_lookup_min
+        self.max_n = spec.prompt_lookup_max
+        self.k = spec.num_speculative_tokens
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.max_num_seqs = vllm_config.scheduler_config.max_num_seqs
+        self.device = device
+        self.match = get_kernel("ngram_match", tuple(current_platform.device.kernel_providers))
+
+    def propose(self, num_speculative_tokens: int, num_tokens_no_spec: torch.Tensor,
+                token_ids_gpu: torch.Tensor, valid_sampled_token_ids_gpu: torch.Tensor,
+                valid_sampled_tokens_count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append this step's accepted tokens to each history, then match.
+
+        ``num_speculative_tokens`` is the step's draft length (the adaptive controller's choice
+        through ``SchedulerOutput.num_spec_tokens_to_schedule``; vLLM's own proposer asserts
+        it equals K). Drafts are ``[batch, that length]``: the scheduler reserved that many
+        placeholders per request for the next step, and the runner trims each request to its
+        count. At 0 the histories are still appended (they live only on the device) but no
+        matching runs.
+        """
+        append_sampled(token_ids_gpu, num_tokens_no_spec, valid_sampled_token_ids_gpu,
+                       valid_sampled_tokens_count)
+        k = max(0, min(num_speculative_tokens, self.k))
+        batch = num_tokens_no_spec.shape[0]
+        if k == 0:
+            return (torch.empty((batch, 0), dtype=torch.int32, device=self.device),
+                    torch.zeros(batch, dtype=torch.int32, device=self.device))
+        # A request drafts once it has sampled this step (not while its prompt is prefilling).
+        return self.match(token_ids_gpu, num_tokens_no_spec + valid_sampled_tokens_count,
+                          valid_sampled_tokens_count > 0, self.min_n, self.max_n, k,
+                          self.max_model_len)
+
+    def load_model(self, *args, **kwargs) -> None:
+        pass
+
+
+def append_sampled(token_ids: torch.Tensor, num_tokens: torch.Tensor, sampled: torch.Tensor,
+                   num_sampled: torch.Tensor) -> None:
+    """Write each row's first ``num_sampled[b]`` sampled tokens (``-1``: none) after its
+    ``num_tokens[b]`` history tokens, without a host sync.
+
+    Entries that are not written are pointed at the row's last history token and write it back
+    unchanged, so no two scattered entries of a row target one column with different values.
+    """
+    width = token_ids.shape[1]
+    cols = torch.arange(sampled.shape[1], device=sampled.device)
+    at = num_tokens.long().unsqueeze(1) + cols
+    keep = (cols < num_sampled.unsqueeze(1)) & (sampled != -1) & (at < width)
+    last = (num_tokens.long() - 1).clamp(0, width - 1).unsqueeze(1)
+    at = torch.where(keep, at, last)
+    token_ids.scatter_(1, at, torch.where(keep, sampled.to(token_ids.dtype),
+                                          token_ids.gather(1, at)))

@@ -1,0 +1,188 @@
+"""Method "ngram" on the device path (spec_decode/ngram_device.py), run on the CPU.
+
+On the CPU the host C++ index is the default; ``SPECDEC_NGRAM_ON_DEVICE=1`` sends a plain
+``method: "ngram"`` through vLLM's ``ngram_gpu`` runner path with our proposer and the torch
+reference of ``ops/ngram_match`` instead (scheduling stays synchronous: the CPU has no
+streams). The GPU run of the same path, with the Triton kernel and async scheduling, is
+tests/gpu/test_ngram_device_gpu.py.
+
+Checked: the config maps only where it should; greedy output equals no speculation; the
+engine's drafter is ours and drafts are accepted; every draft equals the C++ index's on the
+history the kernel saw, and that history is the request's own tokens; the adaptive controller's
+per-step length reaches the proposer (0 included) and stays lossless.
+"""
+from __future__ import annotations
+
+import pytest
+
+from specdec_plugin.device.cpu import CpuDevice
+from specdec_plugin.device.cuda import CudaDevice
+from specdec_plugin.spec_decode.ngram_device import device_ngram_method
+from tests.engine_pool import counter_delta, counters
+from tests.prompts import SPEC_PROMPTS
+
+K = 3
+MAX_TOKENS = 32
+PROMPTS = SPEC_PROMPTS[8:14]  # code edits, a repeated sentence, lists: n-grams recur
+# prompt_lookup_min 2 (other tests use 1): n-gram engines of other tests are not reused here.
+SPEC = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2,
+        "prompt_lookup_max": 3}
+
+
+@pytest.mark.parametrize("forced,layer,want", [
+    (None, CudaDevice, "ngram_gpu"), (None, CpuDevice, "ngram"),
+    ("1", CpuDevice, "ngram_gpu"), ("0", CudaDevice, "ngram"),
+])
+def test_method_follows_the_device_layer(monkeypatch, forced, layer, want):
+    if forced is None:
+        monkeypatch.delenv("SPECDEC_NGRAM_ON_DEVICE", raising=False)
+    else:
+        monkeypatch.setenv("SPECDEC_NGRAM_ON_DEVICE", forced)
+    user = {"model": "ngram", "num_speculative_tokens": 3}
+    got = device_ngram_method(user, layer)
+    assert got["method"] == want and "model" not in got
+    assert user == {"model": "ngram", "num_speculative_tokens": 3}  # the user's dict untouched
+    assert device_ngram_method({"method": "ngram_gpu"}, layer)["method"] == want
+    eagle = {"method": "eagle", "model": "x"}
+    assert device_ngram_method(eagle, layer) is eagle
+
+
+def _proposer(min_n=1, max_n=3, k=K, max_model_len=64):
+    from types import SimpleNamespace
+
+    import torch
+
+    from specdec_plugin.spec_decode.ngram_device import SpecDecNgramProposerGPU
+
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(prompt_lookup_min=min_n, prompt_lookup_max=max_n,
+                                           num_speculative_tokens=k),
+        model_config=SimpleNamespace(max_model_len=max_model_len),
+        scheduler_config=SimpleNamespace(max_num_seqs=4))
+    return SpecDecNgramProposerGPU(config, torch.device("cpu"))
+
+
+def test_propose_appends_then_matches_the_steps_length():
+    import numpy as np
+    import torch
+
+    from specdec_plugin.spec_decode.ngram_index import ngram_propose_batch
+
+    proposer = _proposer()
+    history = torch.tensor([[5, 6, 7, 8, 5, 6, 0, 0, 0, 0],
+                            [9, 9, 4, 9, 9, 0, 0, 0, 0, 0],
+                            [3, 1, 2, 0, 0, 0, 0, 0, 0, 0]], dtype=torch.int32)
+    num_tokens = torch.tensor([6, 5, 3], dtype=torch.int32)
+    # Row 0 accepted 2 tokens (then a rejected slot), row 1 one, row 2 none (still prefilling).
+    sampled = torch.tensor([[7, 8, -1], [4, -1, -1], [-1, -1, -1]], dtype=torch.int32)
+    count = torch.tensor([2, 1, 0], dtype=torch.int32)
+
+    calls = []
+    proposer.match = lambda *args: calls.append(args)  # length 0: no matching at all
+    tokens = history.clone()
+    drafts, num = proposer.propose(0, num_tokens, tokens, sampled, count)
+    assert drafts.shape == (3, 0) and num.tolist() == [0, 0, 0] and not calls
+    want_history = [[5, 6, 7, 8, 5, 6, 7, 8], [9, 9, 4, 9, 9, 4], [3, 1, 2]]
+    assert [tokens[b, :len(h)].tolist() for b, h in enumerate(want_history)] == want_history
+    assert tokens[2, 3:].tolist() == [0] * 7  # nothing written past a row with no samples
+
+    proposer = _proposer()
+    tokens = history.clone()
+    drafts, num = proposer.propose(2, num_tokens, tokens, sampled, count)  # the step's K: 2
+    want = ngram_propose_batch(tokens.numpy(), np.array([8, 6, 3]), [0, 1], 1, 3, 2, 64)
+    assert drafts.shape == (3, 2)
+    assert [drafts[b, :num[b]].tolist() for b in range(2)] == want == [[5, 6], [9, 9]]
+    assert num[2] == 0 and (drafts[2] == -1).all()  # no draft while prefilling
+
+
+def _greedy(llm):
+    from vllm import SamplingParams
+
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS,
+                                                ignore_eos=True))
+    return [list(o.prompt_token_ids) + list(o.outputs[0].token_ids) for o in outs]
+
+
+# Run in the engine's worker process (LLM.collective_rpc): record what the kernel sees.
+def _record_matches(worker):
+    drafter = worker.model_runner.drafter
+    match = getattr(drafter, "unrecorded_match", drafter.match)
+    drafter.unrecorded_match, drafter.recorded, drafter.requested = match, [], []
+
+    def recording(token_ids, num_tokens, active, min_n, max_n, k, max_model_len):
+        drafts, count = match(token_ids, num_tokens, active, min_n, max_n, k, max_model_len)
+        for b in range(token_ids.shape[0]):
+            if bool(active[b]):
+                n, c = int(num_tokens[b]), int(count[b])
+                drafter.recorded.append((token_ids[b, :n].tolist(), drafts[b, :c].tolist(),
+                                         (min_n, max_n, k, max_model_len)))
+        return drafts, count
+
+    propose = type(drafter).propose
+
+    def counting(num_speculative_tokens, *args):
+        drafter.requested.append(num_speculative_tokens)
+        return propose(drafter, num_speculative_tokens, *args)
+
+    drafter.match, drafter.propose = recording, counting
+    return type(drafter).__name__
+
+
+def _recorded(worker):
+    drafter = worker.model_runner.drafter
+    return drafter.recorded, drafter.requested
+
+
+@pytest.fixture
+def device_ngram_engine(engines, smollm2_path, monkeypatch):
+    def get(adaptive: bool):
+        # Read in this process when the engine config is built (patch P6), and by the engine
+        # process it starts; callables reach the worker only with insecure serialization.
+        monkeypatch.setenv("SPECDEC_NGRAM_ON_DEVICE", "1")
+        monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        llm = engines.get(smollm2_path, metrics=True, adaptive=adaptive,
+                          enable_prefix_caching=False, disable_log_stats=False,
+                          speculative_config=dict(SPEC))
+        assert llm.llm_engine.vllm_config.speculative_config.method == "ngram_gpu"
+        assert llm.collective_rpc(_record_matches) == ["SpecDecNgramProposerGPU"]
+        return llm
+
+    return get
+
+
+def test_device_ngram_is_lossless_and_drafts_like_the_cpp_index(engines, smollm2_path,
+                                                                device_ngram_engine):
+    from specdec_plugin.spec_decode.ngram_index import ngram_propose_batch
+
+    baseline = _greedy(engines.get(smollm2_path, enable_prefix_caching=False))
+    llm = device_ngram_engine(adaptive=False)
+    before = counters(llm)
+    got = _greedy(llm)
+    delta = {name: counter_delta(before, counters(llm), name) for name in before}
+    assert got == baseline
+    assert delta["vllm:spec_decode_num_accepted_tokens"] > 0, delta
+
+    [(recorded, requested)] = llm.collective_rpc(_recorded)
+    assert set(requested) == {K}
+    drafted = 0
+    for history, draft, (min_n, max_n, k, max_model_len) in recorded:
+        # The device history is the request's own tokens (prompt, then accepted output).
+        assert any(seq[: len(history)] == history for seq in got), history
+        [want] = ngram_propose_batch(__import__("numpy").asarray([history], dtype="int32"),
+                                     [len(history)], [0], min_n, max_n, k, max_model_len)
+        assert draft == want, (history, draft, want)
+        drafted += bool(draft)
+    assert drafted >= len(PROMPTS), (drafted, len(recorded))
+
+
+def test_adaptive_lengths_reach_the_device_proposer(engines, smollm2_path, device_ngram_engine):
+    baseline = _greedy(engines.get(smollm2_path, enable_prefix_caching=False))
+    llm = device_ngram_engine(adaptive=True)
+    before = counters(llm)
+    assert _greedy(llm) == baseline
+    delta = {name: counter_delta(before, counters(llm), name) for name in before}
+    assert delta["vllm:spec_decode_num_drafts"] > 0, delta
+    [(_, requested)] = llm.collective_rpc(_recorded)
+    # Every length the proposer was asked for is one the controller may choose.
+    assert requested and set(requested) <= set(range(K + 1)), requested
+    print("draft lengths asked of the device proposer:", sorted(set(requested)))
