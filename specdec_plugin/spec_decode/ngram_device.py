@@ -76,6 +76,19 @@ class SpecDecNgramProposerGPU(NgramProposerGPU):
         self.max_num_seqs = vllm_config.scheduler_config.max_num_seqs
         self.device = device
         self.match = get_kernel("ngram_match", tuple(current_platform.device.kernel_providers))
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Compile the kernel for every draft length a step may ask (the adaptive controller
+        chooses 1..K; Triton specialises on the padded length and on k == 1) with the shapes
+        and argument kinds the runner passes (rows max_model_len wide, an active mask), so that
+        no compile happens while serving."""
+        tokens = torch.ones((1, self.max_model_len), dtype=torch.int32, device=self.device)
+        num_tokens = torch.full((1,), min(4, self.max_model_len), dtype=torch.int32,
+                                device=self.device)
+        active = torch.ones(1, dtype=torch.bool, device=self.device)
+        for k in range(1, self.k + 1):
+            self.match(tokens, num_tokens, active, self.min_n, self.max_n, k, self.max_model_len)
 
     def propose(self, num_speculative_tokens: int, num_tokens_no_spec: torch.Tensor,
                 token_ids_gpu: torch.Tensor, valid_sampled_token_ids_gpu: torch.Tensor,
