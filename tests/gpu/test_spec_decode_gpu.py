@@ -48,6 +48,14 @@ def _spec(method: str) -> dict:
     return spec_config(method, "")  # K draft tokens (tests/spec_configs.py); MTP drafts 1
 
 
+def _native_spec(method: str) -> dict:
+    # Our "ngram" matches on the device on GPUs (vLLM's ngram_gpu path: spec_decode/ngram_device.py),
+    # whose counters count every request-step that reserved draft slots as a draft, matched or
+    # not; vLLM's own ngram_gpu counts the same way, its host ngram only matched steps.
+    spec = _spec(method)
+    return {**spec, "method": "ngram_gpu"} if method == "ngram" else spec
+
+
 def _jobs(smollm2: str) -> dict[str, dict]:
     from tests.prompts_gpu import BENCH_PROMPTS
 
@@ -74,7 +82,7 @@ def _jobs(smollm2: str) -> dict[str, dict]:
             jobs[f"ours/{dtype}/{method}"] = job("ours", target, dtype, _spec(method))
     for method in NATIVE_METHODS:
         target = mimo if method == "mtp" else smollm2
-        jobs[f"native/bfloat16/{method}"] = job("native", target, "bfloat16", _spec(method))
+        jobs[f"native/bfloat16/{method}"] = job("native", target, "bfloat16", _native_spec(method))
     jobs["ours/float32/none-eager"] = job("ours", smollm2, "float32", enforce_eager=True)
     jobs["ours/float32/eagle-eager"] = job("ours", smollm2, "float32", _spec("eagle"),
                                            enforce_eager=True)
