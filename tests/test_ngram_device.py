@@ -62,33 +62,40 @@ def _proposer(min_n=1, max_n=3, k=K, max_model_len=64):
     return SpecDecNgramProposerGPU(config, torch.device("cpu"))
 
 
-def test_propose_appends_then_matches_the_steps_length():
+def test_step_appends_then_matches_the_steps_length():
+    from types import SimpleNamespace
+
     import numpy as np
     import torch
 
     from specdec_plugin.spec_decode.ngram_index import ngram_propose_batch
 
-    proposer = _proposer()
     history = torch.tensor([[5, 6, 7, 8, 5, 6, 0, 0, 0, 0],
                             [9, 9, 4, 9, 9, 0, 0, 0, 0, 0],
                             [3, 1, 2, 0, 0, 0, 0, 0, 0, 0]], dtype=torch.int32)
     num_tokens = torch.tensor([6, 5, 3], dtype=torch.int32)
     # Row 0 accepted 2 tokens (then a rejected slot), row 1 one, row 2 none (still prefilling).
     sampled = torch.tensor([[7, 8, -1], [4, -1, -1], [-1, -1, -1]], dtype=torch.int32)
-    count = torch.tensor([2, 1, 0], dtype=torch.int32)
+    batch = SimpleNamespace(num_reqs=3, vocab_size=100)
+    no_discard = torch.zeros(3, dtype=torch.bool)
 
+    def step(proposer, k):
+        """The runner's calls for one step (gpu_model_runner.py:4992-5016)."""
+        tokens = history.clone()
+        _, count, valid = proposer.update_token_ids_ngram(sampled, batch, tokens, num_tokens,
+                                                          no_discard)
+        return tokens, proposer.propose(k, num_tokens, tokens, valid, count)
+
+    proposer = _proposer()
     calls = []
     proposer.match = lambda *args: calls.append(args)  # length 0: no matching at all
-    tokens = history.clone()
-    drafts, num = proposer.propose(0, num_tokens, tokens, sampled, count)
+    tokens, (drafts, num) = step(proposer, 0)
     assert drafts.shape == (3, 0) and num.tolist() == [0, 0, 0] and not calls
     want_history = [[5, 6, 7, 8, 5, 6, 7, 8], [9, 9, 4, 9, 9, 4], [3, 1, 2]]
     assert [tokens[b, :len(h)].tolist() for b, h in enumerate(want_history)] == want_history
     assert tokens[2, 3:].tolist() == [0] * 7  # nothing written past a row with no samples
 
-    proposer = _proposer()
-    tokens = history.clone()
-    drafts, num = proposer.propose(2, num_tokens, tokens, sampled, count)  # the step's K: 2
+    tokens, (drafts, num) = step(_proposer(), 2)  # the step's length: 2 of K=3
     want = ngram_propose_batch(tokens.numpy(), np.array([8, 6, 3]), [0, 1], 1, 3, 2, 64)
     assert drafts.shape == (3, 2)
     assert [drafts[b, :num[b]].tolist() for b in range(2)] == want == [[5, 6], [9, 9]]

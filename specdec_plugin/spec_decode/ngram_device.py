@@ -90,20 +90,33 @@ class SpecDecNgramProposerGPU(NgramProposerGPU):
         for k in range(1, self.k + 1):
             self.match(tokens, num_tokens, active, self.min_n, self.max_n, k, self.max_model_len)
 
+    def update_token_ids_ngram(self, sampled_token_ids, gpu_input_batch, token_ids_gpu,
+                               num_tokens_no_spec, discard_request_mask):
+        """vLLM's step bookkeeping, then this step's accepted tokens appended to each history.
+
+        vLLM appends them in ``propose`` instead; but the runner calls only this method on a
+        step where the batch's longest request is too close to ``max_model_len`` to draft
+        (gpu_model_runner.py:4620-4640), and the histories, which live only on the device,
+        would then miss that step's tokens for every request for good.
+        """
+        next_token_ids, count, valid_sampled = super().update_token_ids_ngram(
+            sampled_token_ids, gpu_input_batch, token_ids_gpu, num_tokens_no_spec,
+            discard_request_mask)
+        rows = valid_sampled.shape[0]
+        append_sampled(token_ids_gpu[:rows], num_tokens_no_spec[:rows], valid_sampled, count)
+        return next_token_ids, count, valid_sampled
+
     def propose(self, num_speculative_tokens: int, num_tokens_no_spec: torch.Tensor,
                 token_ids_gpu: torch.Tensor, valid_sampled_token_ids_gpu: torch.Tensor,
                 valid_sampled_tokens_count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append this step's accepted tokens to each history, then match.
+        """Match on the histories ``update_token_ids_ngram`` just appended to.
 
         ``num_speculative_tokens`` is the step's draft length (the adaptive controller's choice
         through ``SchedulerOutput.num_spec_tokens_to_schedule``; vLLM's own proposer asserts
         it equals K). Drafts are ``[batch, that length]``: the scheduler reserved that many
         placeholders per request for the next step, and the runner trims each request to its
-        count. At 0 the histories are still appended (they live only on the device) but no
-        matching runs.
+        count. At 0 no matching runs.
         """
-        append_sampled(token_ids_gpu, num_tokens_no_spec, valid_sampled_token_ids_gpu,
-                       valid_sampled_tokens_count)
         k = max(0, min(num_speculative_tokens, self.k))
         batch = num_tokens_no_spec.shape[0]
         if k == 0:
