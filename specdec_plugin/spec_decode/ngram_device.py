@@ -108,20 +108,26 @@ class SpecDecNgramProposerGPU(NgramProposerGPU):
 
     def propose(self, num_speculative_tokens: int, num_tokens_no_spec: torch.Tensor,
                 token_ids_gpu: torch.Tensor, valid_sampled_token_ids_gpu: torch.Tensor,
-                valid_sampled_tokens_count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                valid_sampled_tokens_count: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Match on the histories ``update_token_ids_ngram`` just appended to.
 
         ``num_speculative_tokens`` is the step's draft length (the adaptive controller's choice
         through ``SchedulerOutput.num_spec_tokens_to_schedule``; vLLM's own proposer asserts
         it equals K). Drafts are ``[batch, that length]``: the scheduler reserved that many
         placeholders per request for the next step, and the runner trims each request to its
-        count. At 0 no matching runs.
+        count.
+
+        At 0 (a plain step) no matching runs, and the counts are ``None``: the runner then
+        records no event for their copy to the host (``copy_num_valid_draft_tokens`` returns
+        early), so the next step's trim, which first waits on that event
+        (``update_scheduler_for_invalid_drafts``) and has no drafts to trim, does not wait for
+        this step's device work: plain steps keep async scheduling's overlap.
         """
         k = max(0, min(num_speculative_tokens, self.k))
         batch = num_tokens_no_spec.shape[0]
         if k == 0:
-            return (torch.empty((batch, 0), dtype=torch.int32, device=self.device),
-                    torch.zeros(batch, dtype=torch.int32, device=self.device))
+            return torch.empty((batch, 0), dtype=torch.int32, device=self.device), None
         # A request drafts once it has sampled this step (not while its prompt is prefilling).
         return self.match(token_ids_gpu, num_tokens_no_spec + valid_sampled_tokens_count,
                           valid_sampled_tokens_count > 0, self.min_n, self.max_n, k,
