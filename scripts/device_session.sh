@@ -7,7 +7,7 @@
 # results to $OUT.
 # Every device call copies the working tree again, so `start` runs each job from its own copy.
 # `vllm serve` (and any structured-output request) there also needs two wheels the device kit
-# lacks (seen 2026-11-25): prometheus-fastapi-instrumentator and lm-format-enforcer. Download
+# lacks (seen 2026-11-25): prometheus-fastapi-instrumentator and lm-format-enforcer (which needs interegular). Download
 # them into .whl/ (see the device tool's notes), carry .whl and install them into /root/site.
 #
 #   bash scripts/device_session.sh setup                 # install the plugin (builds csrc/)
