@@ -16,6 +16,11 @@
   ``ngram_match`` kernel over device-resident token histories, vLLM's ``ngram_gpu`` path, with
   async scheduling where the device has it), ``0`` on the host (our C++ index). Default: the
   device layer's choice (``DeviceLayer.ngram_on_device``: GPUs yes, the CPU no).
+- ``SPECDEC_CPU_LINEAR=auto|fp32|bf16|torch``: weights of the linear layers and the LM head on
+  CPU. ``auto`` (default): packed once for oneDNN in the model's dtype (float32 stays float32);
+  ``bf16``: packed as bfloat16, activations rounded to bfloat16 too (half the bytes a step
+  reads; greedy text can differ from float32's); ``fp32``: float32 whatever the model dtype;
+  ``torch``: vLLM's ``F.linear`` on the unpacked weights.
 - ``SPECDEC_JIT_BUILD=1``: compile csrc/ with torch's cpp_extension on first use when the
   installed package has no ``specdec_plugin._C`` (a source checkout not built by pip).
 - ``SPECDEC_CACHE_DIR``: where ``specdec-models`` keeps checkpoints (default
@@ -69,3 +74,12 @@ def ngram_on_device() -> bool | None:
     value = os.environ.get("SPECDEC_NGRAM_ON_DEVICE", "").strip().lower()
     return None if not value else value in _TRUE
 
+
+CPU_LINEAR_CHOICES = ("auto", "fp32", "bf16", "torch")
+
+
+def cpu_linear() -> str:
+    value = os.environ.get("SPECDEC_CPU_LINEAR", "auto").strip().lower() or "auto"
+    if value not in CPU_LINEAR_CHOICES:
+        raise ValueError(f"SPECDEC_CPU_LINEAR={value!r}: expected one of {CPU_LINEAR_CHOICES}")
+    return value

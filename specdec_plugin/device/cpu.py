@@ -23,7 +23,9 @@ class CpuDevice(DeviceLayer):
     device_control_env_var: ClassVar[str] = "SPECDEC_CPU_VISIBLE_DEVICES"
     # Attention and the KV write in C++ (csrc/cpu_attention.cpp): the torch reference spends
     # more on per-layer indexing than on arithmetic here (BENCHMARKS.md, CPU step profile).
-    kernel_providers: ClassVar[tuple[str, ...]] = ("cpp", "torch")
+    # Linear layers and the LM head through oneDNN on weights packed once at load (patch P11,
+    # ops/linear): torch's F.linear reads the unpacked weights at about half the rate.
+    kernel_providers: ClassVar[tuple[str, ...]] = ("cpp", "onednn", "torch")
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32, torch.bfloat16)
     install_hint: ClassVar[str] = "any torch build"
     sampler_warmup_max_rows: ClassVar[int | None] = 8
@@ -66,6 +68,62 @@ class CpuDevice(DeviceLayer):
         # With a CUDA torch on a GPU-less machine torch.accelerator and CUDA streams/events
         # raise on first use, and the V1 runner calls them in construction, profiling, cleanup
         # and (EAGLE-family drafters) every step: patches P4 and P5, for this process's life.
-        from specdec_plugin.patches import cpu_streams
+        from specdec_plugin.patches import cpu_linear, cpu_streams
 
         cpu_streams.apply()
+        cpu_linear.apply(self.kernel_providers, self.linear_weight_dtype)
+
+    def linear_weight_dtype(self, model_dtype: torch.dtype) -> torch.dtype | None:
+        """The dtype P11 packs a linear layer's (or the LM head's) weight in, or None to leave
+        it to vLLM's F.linear. Logged once per model dtype.
+
+        float32 stays float32 by default: bfloat16 would halve the bytes a decode step reads
+        (measured 1.4-1.6x faster again than packed float32, BENCHMARKS.md) but oneDNN then
+        rounds the activations to bfloat16 too, so greedy text is no longer the float32 model's
+        the user asked for; ``SPECDEC_CPU_LINEAR=bf16`` opts in."""
+        choice = envs.cpu_linear()
+        key = (model_dtype, choice)
+        if key in _linear_choices:
+            return _linear_choices[key]
+        from specdec_plugin.log import init_logger  # not at import: detection must stay cheap
+        from specdec_plugin.ops.linear import onednn
+
+        logger = init_logger(__name__)
+        if choice == "torch":
+            dtype, why = None, "SPECDEC_CPU_LINEAR=torch"
+        elif "onednn" not in self.kernel_providers or not onednn.available():
+            dtype, why = None, "this torch has no oneDNN linear"
+        elif choice == "bf16":
+            native = "avx512_bf16" in _cpu_flags() or "amx_bf16" in _cpu_flags()
+            dtype, why = torch.bfloat16, ("SPECDEC_CPU_LINEAR=bf16; the CPU has native bf16"
+                                          if native else "SPECDEC_CPU_LINEAR=bf16, but this CPU "
+                                          "has no native bf16 (oneDNN emulates it: slower)")
+        elif choice == "fp32":
+            dtype, why = torch.float32, "SPECDEC_CPU_LINEAR=fp32"
+        elif model_dtype in (torch.float32, torch.bfloat16):
+            dtype, why = model_dtype, "the model's dtype (SPECDEC_CPU_LINEAR=auto)"
+        else:
+            dtype, why = None, f"oneDNN packing is float32/bfloat16 only, the model is {model_dtype}"
+        _linear_choices[key] = dtype
+        if dtype is None:
+            logger.info("CPU linear layers and LM head: vLLM's F.linear (%s).", why)
+        else:
+            logger.info("CPU linear layers and LM head: oneDNN, %s weights packed once at load "
+                        "(%s; measured 1.2-1.8x torch's F.linear at 1-8 tokens).",
+                        str(dtype).removeprefix("torch."), why)
+        return dtype
+
+
+_linear_choices: dict = {}
+
+
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux reports them (empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()

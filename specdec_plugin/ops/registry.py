@@ -81,6 +81,18 @@ KERNELS: dict[str, dict[str, str]] = {
         "torch": f"{_OPS}.ngram_match.reference:ngram_match",
         "triton": f"{_OPS}.ngram_match.triton:ngram_match",
     },
+    # linear layers and the LM head on the CPU (patches/cpu_linear.py): the weight packed once
+    # at load by pack_linear_weight, then linear every step, both from one provider
+    "pack_linear_weight": {
+        "torch": f"{_OPS}.linear.reference:pack_linear_weight",
+        "onednn": f"{_OPS}.linear.onednn:pack_linear_weight",
+        "cpp": f"{_OPS}.linear.cpp:pack_linear_weight",
+    },
+    "linear": {
+        "torch": f"{_OPS}.linear.reference:linear",
+        "onednn": f"{_OPS}.linear.onednn:linear",
+        "cpp": f"{_OPS}.linear.cpp:linear",
+    },
     # model layers: vLLM's RMSNorm / RotaryEmbedding / SiluAndMul (ops/custom_ops.py)
     "rms_norm": {
         "torch": f"{_OPS}.rms_norm.reference:rms_norm",

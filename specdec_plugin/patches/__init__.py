@@ -108,6 +108,22 @@ P10 ``torch.zeros(pin_memory=...)`` and ``torch.Tensor.pin_memory`` on a worker 
    Replaces: v1/worker/gpu_model_runner.py:620-625 (``torch.zeros(..., pin_memory=True)``) and
    v1/spec_decode/ngram_proposer_gpu.py:553, :599 (``.pin_memory()``).
    When it can go: when those allocations ask ``is_pin_memory_available()`` as the rest do.
+
+P11 linear layers and the LM head on the CPU (patches/cpu_linear.py, applied by device/cpu.py
+   ``prepare_worker_process``)
+   Why: vLLM repacks CPU linear weights and picks a fast GEMM only for its own CPU platform
+   (``current_platform.is_cpu()``); an out-of-tree platform gets ``F.linear`` on the unpacked
+   fp32 weight, 75-85% of a CPU decode step and about half the speed of packed oneDNN.
+   What: ``UnquantizedLinearMethod`` / ``UnquantizedEmbeddingMethod``'s
+   ``process_weights_after_loading`` and ``apply`` are wrapped: weights packed once (ops/linear
+   ``pack_linear_weight``, dtype chosen by ``CpuDevice.linear_weight_dtype``; the LM head at its
+   first product), CPU inputs run ops/linear ``linear``; everything else calls vLLM's.
+   Replaces: model_executor/layers/linear.py:214-228 and vocab_parallel_embedding.py:61-75 (the
+   ``is_cpu()`` branch of ``process_weights_after_loading`` and
+   ``dispatch_unquantized_gemm()(layer, x, layer.weight, bias)`` in ``apply``; layers/utils.py:338
+   ``dispatch_unquantized_gemm``).
+   When it can go: when ``dispatch_unquantized_gemm`` / the CPU weight packing ask the platform
+   (e.g. a ``Platform`` hook for unquantized GEMMs) instead of ``is_cpu()``.
 """
 from __future__ import annotations
 

@@ -1,0 +1,122 @@
+"""Linear layers of SmolLM2-135M on the CPU: which implementation is fastest at decode sizes.
+
+One process, every variant interleaved in each repeat (the machine may be shared: comparing
+runs taken minutes apart would measure the neighbours), median of the repeats. Per shape and
+M (tokens in the step): ms per call, and for the whole model (30 layers x 4 GEMMs + LM head)
+the ms per step it implies.
+
+    python benchmarks/bench_cpu_linear.py [--threads 2] [--repeats 30] [--json out.json]
+
+Variants: torch F.linear fp32 (what vLLM does), oneDNN prepacked (fp32; bf16 weights with the
+activations cast to bf16), MKL packed fp32, our C++ GEMV (csrc/cpu_linear.cpp, fp32) and the
+``cpp`` provider of ops/linear (the GEMV at one token for layer-sized matrices, oneDNN
+otherwise: what the CPU runs). Weights are fresh random per shape; every variant is checked
+against fp32 F.linear. OpenMP threads wait passively, as in the engine (device/cpu.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP
+
+import torch
+import torch.nn.functional as F
+
+# (name, out_features N, in_features K, how many per model step)
+SHAPES = [("qkv", 960, 576, 30), ("o", 576, 576, 30), ("gate_up", 3072, 576, 30),
+          ("down", 576, 1536, 30), ("lm_head", 49152, 576, 1)]
+MS = (1, 4, 8, 32)
+
+
+def variants(w: torch.Tensor, m: int) -> dict:
+    from specdec_plugin import _C
+
+    out = {"torch_fp32": lambda x: F.linear(x, w)}
+    try:
+        wd = torch.ops.mkldnn._reorder_linear_weight(w)
+        out["onednn_fp32"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, wd, None, "none", [], "")
+        wdb = torch.ops.mkldnn._reorder_linear_weight(w.bfloat16())
+        out["onednn_bf16"] = lambda x: torch.ops.mkldnn._linear_pointwise(
+            x.bfloat16(), wdb, None, "none", [], "").float()
+    except RuntimeError as e:  # a torch without oneDNN linear
+        print("oneDNN skipped:", e)
+    try:
+        wk = torch.ops.mkl._mkl_reorder_linear_weight(w, m)
+        out["mkl_packed_fp32"] = lambda x: torch.ops.mkl._mkl_linear(x, wk, w, None, m)
+    except RuntimeError as e:
+        print("MKL packed skipped:", e)
+
+    def gemv(x):
+        y = torch.empty(x.shape[0], w.shape[0])
+        _C.cpu_linear(x, w, None, y)
+        return y
+
+    out["ours_gemv_fp32"] = gemv
+    from specdec_plugin.ops.linear import cpp
+
+    packed = cpp.pack_linear_weight(w, torch.float32)
+    out["cpp_provider_fp32"] = lambda x: cpp.linear(x, packed)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    with open("/proc/loadavg") as f:
+        load_before = f.read().strip()
+    results: dict = {}
+    for name, n, k, count in SHAPES:
+        w = torch.randn(n, k, generator=g) * k ** -0.5
+        for m in MS:
+            x = torch.randn(m, k, generator=g)
+            vs = variants(w, m)
+            want = F.linear(x, w)
+            for vname, f in vs.items():  # correctness and warm-up
+                err = (f(x) - want).abs().max().item()
+                tol = 5e-2 if "bf16" in vname else 1e-3
+                assert err < tol, (name, m, vname, err)
+                for _ in range(3):
+                    f(x)
+            times = {v: [] for v in vs}
+            # Enough calls per timing that the small shapes are not timer noise.
+            inner = max(1, int(2e6 // (n * k)))
+            for _ in range(args.repeats):
+                for vname, f in vs.items():
+                    t0 = time.perf_counter()
+                    for _ in range(inner):
+                        f(x)
+                    times[vname].append((time.perf_counter() - t0) / inner * 1e3)
+            med = {v: statistics.median(t) for v, t in times.items()}
+            results[f"{name}/M={m}"] = {"N": n, "K": k, "count": count, "ms": med}
+            print(f"{name:8s} M={m:<3d} " + "  ".join(f"{v}={t:.4f}" for v, t in med.items()),
+                  flush=True)
+    with open("/proc/loadavg") as f:
+        load_after = f.read().strip()
+    print(f"\nms per model step (30 x (qkv + o + gate_up + down) + lm_head); load before "
+          f"{load_before}, after {load_after}")
+    step: dict = {}
+    for m in MS:
+        tot: dict = {}
+        for name, _n, _k, count in SHAPES:
+            for v, t in results[f"{name}/M={m}"]["ms"].items():
+                tot[v] = tot.get(v, 0.0) + t * count
+        step[m] = tot
+        print(f"M={m:<3d} " + "  ".join(f"{v}={t:.1f}" for v, t in tot.items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"threads": args.threads, "repeats": args.repeats,
+                       "load_before": load_before, "load_after": load_after,
+                       "per_shape": results, "per_step_ms": step}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
