@@ -9,7 +9,8 @@ tests/gpu/test_ngram_device_gpu.py.
 Checked: the config maps only where it should; greedy output equals no speculation; the
 engine's drafter is ours and drafts are accepted; every draft equals the C++ index's on the
 history the kernel saw, and that history is the request's own tokens; the adaptive controller's
-per-step length reaches the proposer (0 included) and stays lossless.
+per-step length reaches the proposer (0 included) and stays lossless, and the counters it reads
+count only the drafts the kernel made (unmatched reserved slots are reported as trimmed).
 """
 from __future__ import annotations
 
@@ -103,6 +104,37 @@ def test_step_appends_then_matches_the_steps_length():
     assert num[2] == 0 and (drafts[2] == -1).all()  # no draft while prefilling
 
 
+def test_trims_ride_on_the_output_the_scheduler_reads():
+    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+
+    from specdec_plugin.spec_decode.ngram_device import TRIMMED_DRAFTS, NgramTrimReportMixin
+
+    inner = ModelRunnerOutput(req_ids=["a"], req_id_to_index={"a": 0})
+
+    class AsyncOutput:  # async scheduling: get_output() later returns this object
+        _model_runner_output = inner
+
+    class VllmRunner:
+        def __init__(self, output):
+            self.output = output
+
+        def sample_tokens(self, grammar_output):
+            return self.output
+
+    class Runner(NgramTrimReportMixin, VllmRunner):
+        def sample_tokens(self, grammar_output):
+            self._specdec_trimmed = {"a": 2}  # as _update_states leaves it
+            return super().sample_tokens(grammar_output)
+
+    for output in (AsyncOutput(), inner):
+        runner = Runner(output)
+        runner.sample_tokens(None)
+        assert getattr(inner, TRIMMED_DRAFTS) == {"a": 2} and runner._specdec_trimmed is None
+        delattr(inner, TRIMMED_DRAFTS)
+    Runner(EMPTY_MODEL_RUNNER_OUTPUT).sample_tokens(None)  # the shared empty output: untouched
+    assert not hasattr(EMPTY_MODEL_RUNNER_OUTPUT, TRIMMED_DRAFTS)
+
+
 def _greedy(llm):
     from vllm import SamplingParams
 
@@ -190,7 +222,14 @@ def test_adaptive_lengths_reach_the_device_proposer(engines, smollm2_path, devic
     assert _greedy(llm) == baseline
     delta = {name: counter_delta(before, counters(llm), name) for name in before}
     assert delta["vllm:spec_decode_num_drafts"] > 0, delta
-    [(_, requested)] = llm.collective_rpc(_recorded)
+    [(recorded, requested)] = llm.collective_rpc(_recorded)
     # Every length the proposer was asked for is one the controller may choose.
     assert requested and set(requested) <= set(range(K + 1)), requested
     print("draft lengths asked of the device proposer:", sorted(set(requested)))
+    # The counters (and the controller) see the drafts the kernel made, as with the host index,
+    # not the slots reserved for every request (NgramTrimReportMixin): at most what was matched
+    # (a request's last draft is never verified).
+    drafts = [draft for _, draft, _ in recorded]
+    assert any(not d for d in drafts), "every request always matched: the check is vacuous"
+    assert delta["vllm:spec_decode_num_drafts"] <= sum(map(bool, drafts)), delta
+    assert delta["vllm:spec_decode_num_draft_tokens"] <= sum(map(len, drafts)), delta

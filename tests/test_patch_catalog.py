@@ -111,6 +111,13 @@ def test_p7_device_ngram_proposer():
     assert theirs == list(inspect.signature(SpecDecNgramProposerGPU.propose).parameters)
     # vLLM resolves async scheduling from the method before platform hooks (why P6 maps it).
     assert "NgramGPUTypes" in _source("config/vllm.py")
+    # NgramTrimReportMixin: the runner trims its copy of the scheduler output in _update_states,
+    # and the async output returns the ModelRunnerOutput it wraps (the trims ride on it).
+    assert "update_scheduler_for_invalid_drafts(" in text
+    assert "self._model_runner_output = model_runner_output" in text
+    assert "output = self._model_runner_output" in text
+    assert _params("v1/core/sched/scheduler.py", "update_from_output", cls="Scheduler") == [
+        "self", "scheduler_output", "model_runner_output"]
 
 
 def test_p10_pinned_staging_buffers():

@@ -19,6 +19,7 @@ from specdec_plugin.adaptive.controller import DraftLengthController
 from specdec_plugin.adaptive.cost_model import CostTable, fallback_table
 from specdec_plugin.adaptive.handoff import read_cost_table
 from specdec_plugin.log import init_logger
+from specdec_plugin.spec_decode.ngram_device import TRIMMED_DRAFTS
 
 logger = init_logger(__name__)
 
@@ -61,12 +62,28 @@ class AdaptiveSchedulerMixin:
     def choose_draft_length(self) -> int:
         return self.draft_controller.choose([req.request_id for req in self.running])
 
+    def update_from_output(self, scheduler_output, model_runner_output):
+        # Device n-gram (method ngram_gpu): draft slots the runner trimmed because the match
+        # drafted fewer count as vLLM's invalid spec tokens, as if never drafted, which is what
+        # the host index reports (spec_decode/ngram_device.py, NgramTrimReportMixin).
+        trimmed = getattr(model_runner_output, TRIMMED_DRAFTS, None)
+        if trimmed:
+            invalid = dict(scheduler_output.num_invalid_spec_tokens or {})
+            for req_id, n in trimmed.items():
+                invalid[req_id] = invalid.get(req_id, 0) + n
+            scheduler_output.num_invalid_spec_tokens = invalid
+        return super().update_from_output(scheduler_output, model_runner_output)
+
     def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                                  num_invalid_spec_tokens, request_id):
         drafted = num_draft_tokens
         if num_invalid_spec_tokens:
             drafted -= num_invalid_spec_tokens.get(request_id, 0)
         self.draft_controller.observe(request_id, drafted, num_accepted_tokens)
+        if drafted <= 0:
+            # Every slot invalid (a device n-gram request with no match): no draft, as the host
+            # index reports it; vLLM would count a draft of 0 tokens.
+            return spec_decoding_stats
         return super().make_spec_decoding_stats(spec_decoding_stats, num_draft_tokens,
                                                 num_accepted_tokens, num_invalid_spec_tokens,
                                                 request_id)

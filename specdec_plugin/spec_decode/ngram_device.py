@@ -153,3 +153,51 @@ def append_sampled(token_ids: torch.Tensor, num_tokens: torch.Tensor, sampled: t
     at = torch.where(keep, at, last)
     token_ids.scatter_(1, at, torch.where(keep, sampled.to(token_ids.dtype),
                                           token_ids.gather(1, at)))
+
+
+# The attribute of ModelRunnerOutput that carries the trims to the scheduler.
+TRIMMED_DRAFTS = "specdec_trimmed_drafts"
+
+
+class NgramTrimReportMixin:
+    """Model-runner mixin: tells the scheduler how many of each request's reserved draft slots
+    the runner trimmed because the device n-gram match drafted fewer (or none).
+
+    With ``ngram_gpu`` the scheduler reserves the step's draft length for every request before
+    drafts exist, and the runner trims each request to its match
+    (``update_scheduler_for_invalid_drafts``, on its own copy of the scheduler output). vLLM's
+    scheduler never learns of the trim, so its counters, and the adaptive controller, which
+    observes the same verification results, would count unmatched slots as drafted and
+    rejected; the host index simply drafts nothing there. The trims ride on the step's
+    ``ModelRunnerOutput`` as ``specdec_trimmed_drafts`` ({request id: slots trimmed}); the
+    adaptive scheduler (adaptive/scheduler.py) reads them as vLLM's ``num_invalid_spec_tokens``.
+    Where the output crosses processes without the attribute, counting falls back to vLLM's.
+    """
+
+    _specdec_trimmed: dict[str, int] | None = None
+
+    def _update_states(self, scheduler_output):
+        spec = self.speculative_config
+        if spec is None or not spec.use_ngram_gpu():
+            return super()._update_states(scheduler_output)
+        # The runner's own copy of the scheduler output (gpu_model_runner.py:4125-4140),
+        # trimmed in place by the call below.
+        reserved = {req: len(slots)
+                    for req, slots in scheduler_output.scheduled_spec_decode_tokens.items()}
+        result = super()._update_states(scheduler_output)
+        kept = scheduler_output.scheduled_spec_decode_tokens
+        self._specdec_trimmed = {req: n - len(kept.get(req, ()))
+                                 for req, n in reserved.items() if n > len(kept.get(req, ()))}
+        return result
+
+    def sample_tokens(self, grammar_output):
+        output = super().sample_tokens(grammar_output)
+        trimmed, self._specdec_trimmed = self._specdec_trimmed, None
+        if trimmed:
+            from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+
+            # Async scheduling wraps the output that its get_output() later returns.
+            inner = getattr(output, "_model_runner_output", output)
+            if isinstance(inner, ModelRunnerOutput) and inner is not EMPTY_MODEL_RUNNER_OUTPUT:
+                setattr(inner, TRIMMED_DRAFTS, trimmed)
+        return output

@@ -14,12 +14,13 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from specdec_plugin.adaptive.graphs import AdaptiveGraphsMixin
 
+from specdec_plugin.spec_decode.ngram_device import NgramTrimReportMixin
 from specdec_plugin.spec_decode.rejection_sampler import SpecDecRejectionSampler
 from specdec_plugin.spec_decode.runner_drafters import install_drafter
 from specdec_plugin.worker.memory_accounting import reserve_attention_workspaces
 
 
-class SpecDecModelRunner(AdaptiveGraphsMixin, GPUModelRunner):
+class SpecDecModelRunner(AdaptiveGraphsMixin, NgramTrimReportMixin, GPUModelRunner):
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
         spec = vllm_config.speculative_config
         if spec is not None and spec.use_ngram_gpu() and not current_platform.device.pin_memory:
