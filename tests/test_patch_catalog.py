@@ -150,3 +150,20 @@ def test_cpu_stand_ins_apply_without_accelerator(monkeypatch):
     assert torch.cuda.Event is cpu_streams.EventStandIn
     with torch.cuda.stream(torch.cuda.Stream()):
         torch.cuda.current_stream().wait_event(torch.Event())
+
+
+def test_p11_cpu_linear_methods():
+    from specdec_plugin.patches import cpu_linear
+
+    for relpath, cls in (("model_executor/layers/linear.py", "UnquantizedLinearMethod"),
+                         ("model_executor/layers/vocab_parallel_embedding.py",
+                          "UnquantizedEmbeddingMethod")):
+        assert _params(relpath, "process_weights_after_loading", cls=cls) == ["self", "layer"]
+        assert _params(relpath, "apply", cls=cls) == ["self", "layer", "x", "bias"]
+        # What P11 replaces: the platform check, and the GEMM dispatch on the unpacked weight.
+        text = _source(relpath)
+        assert "if current_platform.is_cpu():" in text
+        assert "return dispatch_unquantized_gemm()(layer, x, layer.weight, bias)" in text
+    # The LM head's products go through apply (packed lazily there, see cpu_linear.py).
+    assert "lm_head.quant_method.apply(" in _source("model_executor/layers/logits_processor.py")
+    assert callable(cpu_linear.apply)
