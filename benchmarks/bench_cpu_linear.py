@@ -1,16 +1,20 @@
 """Linear layers of SmolLM2-135M on the CPU: which implementation is fastest at decode sizes.
 
 One process, every variant interleaved in each repeat (the machine may be shared: comparing
-runs taken minutes apart would measure the neighbours), median of the repeats. Per shape and
+runs taken minutes apart would measure the neighbours), median of the repeats. Each timing
+cycles through as many distinct weight matrices of a shape as the model has (30 per layer
+shape), so weights come from memory as in a decode step: with one matrix called again and
+again, the small ones stay in the L2/L3 caches and our GEMV looked 1.5-2x faster than oneDNN,
+while in the engine it was 1.4x slower. Per shape and
 M (tokens in the step): ms per call, and for the whole model (30 layers x 4 GEMMs + LM head)
 the ms per step it implies.
 
     python benchmarks/bench_cpu_linear.py [--threads 2] [--repeats 30] [--json out.json]
 
 Variants: torch F.linear fp32 (what vLLM does), oneDNN prepacked (fp32; bf16 weights with the
-activations cast to bf16), MKL packed fp32, our C++ GEMV (csrc/cpu_linear.cpp, fp32) and the
-``cpp`` provider of ops/linear (the GEMV at one token for layer-sized matrices, oneDNN
-otherwise: what the CPU runs). Weights are fresh random per shape; every variant is checked
+activations cast to bf16; what ops/linear/onednn.py runs) and MKL packed fp32. An AVX-512 GEMV
+of ours (csrc/cpu_linear.cpp, commit 4825ceb, removed since) lost to oneDNN once the weights
+came from memory (BENCHMARKS.md). Weights are fresh random per shape; every variant is checked
 against fp32 F.linear. OpenMP threads wait passively, as in the engine (device/cpu.py).
 """
 from __future__ import annotations
@@ -33,8 +37,7 @@ MS = (1, 4, 8, 32)
 
 
 def variants(w: torch.Tensor, m: int) -> dict:
-    from specdec_plugin import _C
-
+    """Callables ``f(x)`` for one weight ``w`` (each variant packs its own copy)."""
     out = {"torch_fp32": lambda x: F.linear(x, w)}
     try:
         wd = torch.ops.mkldnn._reorder_linear_weight(w)
@@ -50,16 +53,6 @@ def variants(w: torch.Tensor, m: int) -> dict:
     except RuntimeError as e:
         print("MKL packed skipped:", e)
 
-    def gemv(x):
-        y = torch.empty(x.shape[0], w.shape[0])
-        _C.cpu_linear(x, w, None, y)
-        return y
-
-    out["ours_gemv_fp32"] = gemv
-    from specdec_plugin.ops.linear import cpp
-
-    packed = cpp.pack_linear_weight(w, torch.float32)
-    out["cpp_provider_fp32"] = lambda x: cpp.linear(x, packed)
     return out
 
 
@@ -75,26 +68,25 @@ def main() -> None:
         load_before = f.read().strip()
     results: dict = {}
     for name, n, k, count in SHAPES:
-        w = torch.randn(n, k, generator=g) * k ** -0.5
+        ws = [torch.randn(n, k, generator=g) * k ** -0.5 for _ in range(count)]
         for m in MS:
             x = torch.randn(m, k, generator=g)
-            vs = variants(w, m)
-            want = F.linear(x, w)
-            for vname, f in vs.items():  # correctness and warm-up
+            per_w = [variants(w, m) for w in ws]
+            names = list(per_w[0])
+            want = F.linear(x, ws[0])
+            for vname, f in per_w[0].items():  # correctness
                 err = (f(x) - want).abs().max().item()
                 tol = 5e-2 if "bf16" in vname else 1e-3
                 assert err < tol, (name, m, vname, err)
-                for _ in range(3):
-                    f(x)
-            times = {v: [] for v in vs}
-            # Enough calls per timing that the small shapes are not timer noise.
-            inner = max(1, int(2e6 // (n * k)))
+            times = {v: [] for v in names}
             for _ in range(args.repeats):
-                for vname, f in vs.items():
+                for vname in names:
+                    fs = [vs[vname] for vs in per_w]
                     t0 = time.perf_counter()
-                    for _ in range(inner):
+                    for f in fs:
                         f(x)
-                    times[vname].append((time.perf_counter() - t0) / inner * 1e3)
+                    times[vname].append((time.perf_counter() - t0) / len(fs) * 1e3)
+            del per_w
             med = {v: statistics.median(t) for v, t in times.items()}
             results[f"{name}/M={m}"] = {"N": n, "K": k, "count": count, "ms": med}
             print(f"{name:8s} M={m:<3d} " + "  ".join(f"{v}={t:.4f}" for v, t in med.items()),

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "cpu_attention.h"
-#include "cpu_linear.h"
 #include "ngram_index.h"
 #include "suffix_tree.h"
 
@@ -168,8 +167,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cpu_reshape_and_cache", &specdec::cpu_reshape_and_cache, py::arg("key"), py::arg("value"),
         py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"),
         py::call_guard<py::gil_scoped_release>());
-  // Linear layers and the LM head on the CPU (ops/linear/cpp.py).
-  m.def("cpu_linear", &specdec::cpu_linear, py::arg("x"), py::arg("weight"), py::arg("bias"),
-        py::arg("out"), py::call_guard<py::gil_scoped_release>());
-  m.def("cpu_linear_vectorized", &specdec::cpu_linear_vectorized);
 }

@@ -19,7 +19,8 @@
 - ``SPECDEC_CPU_LINEAR=auto|fp32|bf16|torch``: weights of the linear layers and the LM head on
   CPU. ``auto`` (default): packed once for oneDNN in the model's dtype (float32 stays float32);
   ``bf16``: packed as bfloat16, activations rounded to bfloat16 too (half the bytes a step
-  reads; greedy text can differ from float32's); ``fp32``: float32 whatever the model dtype;
+  reads; greedy text differs from float32's, and speculation is no longer lossless: 1 and 1+K
+  token products round differently); ``fp32``: float32 whatever the model dtype;
   ``torch``: vLLM's ``F.linear`` on the unpacked weights.
 - ``SPECDEC_JIT_BUILD=1``: compile csrc/ with torch's cpp_extension on first use when the
   installed package has no ``specdec_plugin._C`` (a source checkout not built by pip).

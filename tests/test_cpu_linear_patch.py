@@ -47,7 +47,7 @@ def test_linear_layer_packed_at_load(patched):
     method.process_weights_after_loading(layer)
     assert cpu_linear._ATTR in layer.__dict__
     bias = torch.randn(96)
-    for rows in (x[:1], x):  # one token (the GEMV) and several (oneDNN)
+    for rows in (x[:1], x):  # one token (decode) and several (verification, batches)
         torch.testing.assert_close(method.apply(layer, rows, bias), F.linear(rows, layer.weight, bias),
                                    rtol=1e-5, atol=1e-5)
 

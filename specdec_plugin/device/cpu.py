@@ -78,9 +78,13 @@ class CpuDevice(DeviceLayer):
         it to vLLM's F.linear. Logged once per model dtype.
 
         float32 stays float32 by default: bfloat16 would halve the bytes a decode step reads
-        (measured 1.4-1.6x faster again than packed float32, BENCHMARKS.md) but oneDNN then
-        rounds the activations to bfloat16 too, so greedy text is no longer the float32 model's
-        the user asked for; ``SPECDEC_CPU_LINEAR=bf16`` opts in."""
+        (measured 1.3x faster again than packed float32 in the engine, BENCHMARKS.md) but
+        oneDNN then rounds the activations to bfloat16 too, so greedy text is no longer the
+        float32 model's the user asked for, and it rounds each product's result to bfloat16,
+        where oneDNN's summation order differs between 1 and 1+K rows: speculative greedy
+        output then differs from non-speculative (measured, EAGLE-3 at batch 1). So bfloat16
+        is never chosen for a float32 model; ``SPECDEC_CPU_LINEAR=bf16`` opts in, with a
+        warning."""
         choice = envs.cpu_linear()
         key = (model_dtype, choice)
         if key in _linear_choices:
@@ -105,11 +109,16 @@ class CpuDevice(DeviceLayer):
         else:
             dtype, why = None, f"oneDNN packing is float32/bfloat16 only, the model is {model_dtype}"
         _linear_choices[key] = dtype
+        if dtype == torch.bfloat16 and model_dtype == torch.float32:
+            logger.warning("SPECDEC_CPU_LINEAR=bf16 on a float32 model: linear layers round to "
+                           "bfloat16, so greedy output differs from float32's, and with "
+                           "speculation it can differ from the output without it (1 and 1+K "
+                           "token products round differently). Unset it for lossless float32.")
         if dtype is None:
             logger.info("CPU linear layers and LM head: vLLM's F.linear (%s).", why)
         else:
             logger.info("CPU linear layers and LM head: oneDNN, %s weights packed once at load "
-                        "(%s; measured 1.2-1.8x torch's F.linear at 1-8 tokens).",
+                        "(%s; measured 1.8x torch's F.linear at batch 1, 2.6x at batch 8).",
                         str(dtype).removeprefix("torch."), why)
         return dtype
 

@@ -86,12 +86,10 @@ KERNELS: dict[str, dict[str, str]] = {
     "pack_linear_weight": {
         "torch": f"{_OPS}.linear.reference:pack_linear_weight",
         "onednn": f"{_OPS}.linear.onednn:pack_linear_weight",
-        "cpp": f"{_OPS}.linear.cpp:pack_linear_weight",
     },
     "linear": {
         "torch": f"{_OPS}.linear.reference:linear",
         "onednn": f"{_OPS}.linear.onednn:linear",
-        "cpp": f"{_OPS}.linear.cpp:linear",
     },
     # model layers: vLLM's RMSNorm / RotaryEmbedding / SiluAndMul (ops/custom_ops.py)
     "rms_norm": {

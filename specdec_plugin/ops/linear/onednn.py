@@ -37,7 +37,7 @@ def linear(x: torch.Tensor, packed: PackedLinear, bias: torch.Tensor | None = No
 
 
 def run(x: torch.Tensor, packed: PackedLinear, bias: torch.Tensor | None) -> torch.Tensor:
-    """``linear`` after validation (the ``cpp`` provider calls it with its oneDNN half)."""
+    """``linear`` after validation."""
     dt = packed.dtype
     if bias is not None and bias.dtype != dt:
         bias = bias.to(dt)
