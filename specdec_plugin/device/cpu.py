@@ -98,7 +98,7 @@ class CpuDevice(DeviceLayer):
         elif "onednn" not in self.kernel_providers or not onednn.available():
             dtype, why = None, "this torch has no oneDNN linear"
         elif choice == "bf16":
-            native = "avx512_bf16" in _cpu_flags() or "amx_bf16" in _cpu_flags()
+            native = bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
             dtype, why = torch.bfloat16, ("SPECDEC_CPU_LINEAR=bf16; the CPU has native bf16"
                                           if native else "SPECDEC_CPU_LINEAR=bf16, but this CPU "
                                           "has no native bf16 (oneDNN emulates it: slower)")

@@ -58,14 +58,17 @@ def _checked(create_engine_config):
     def create_engine_config_checked(self, *args, **kwargs):
         check_model_path("model", self.model)
         if self.speculative_config is not None:
-            from specdec_plugin.spec_decode.config_checks import validate_speculative_config
+            from specdec_plugin.spec_decode.config_checks import (
+                NGRAM_MODEL_NAMES,
+                validate_speculative_config,
+            )
 
             spec = self.speculative_config
             if isinstance(spec, str):  # `--speculative-config '{...}'` arrives parsed; be safe
                 import json
 
                 spec = json.loads(spec)
-            if _speculative_model(spec) not in ("ngram", "[ngram]"):
+            if _speculative_model(spec) not in NGRAM_MODEL_NAMES:
                 check_model_path("speculative_config.model", _speculative_model(spec))
             validate_speculative_config(spec, self.model)
             # Method "ngram" runs where the device layer says (spec_decode/ngram_device.py):

@@ -113,9 +113,14 @@ METHOD_CHECKS: dict[str, Callable[[dict, dict | None], None]] = {
 }
 
 
-def _method(spec: dict) -> str | None:
+# vLLM's other spelling of method "ngram": a "model" named after it, with no method given.
+NGRAM_MODEL_NAMES = ("ngram", "[ngram]")
+
+
+def speculative_method(spec: dict) -> str | None:
+    """The method a user's speculative config asks for (None: vLLM infers it from the model)."""
     method = spec.get("method")
-    if method is None and spec.get("model") in ("ngram", "[ngram]"):
+    if method is None and spec.get("model") in NGRAM_MODEL_NAMES:
         return "ngram"
     return method
 
@@ -123,7 +128,7 @@ def _method(spec: dict) -> str | None:
 def validate_speculative_config(spec: Any, target_path: str | None) -> None:
     if spec is None or not isinstance(spec, dict):
         return  # an already-built SpeculativeConfig was validated by vLLM
-    method = _method(spec)
+    method = speculative_method(spec)
     if method is None:
         return  # vLLM infers it from the draft model; the inferred one is checked by vLLM
     if method not in METHOD_CHECKS:

@@ -26,6 +26,7 @@ from vllm.v1.spec_decode.ngram_proposer_gpu import NgramProposerGPU
 
 from specdec_plugin import envs
 from specdec_plugin.ops.registry import get_kernel
+from specdec_plugin.spec_decode.config_checks import NGRAM_MODEL_NAMES, speculative_method
 
 # The user's method -> the method vLLM runs, by where matching happens (True: the device).
 _METHOD_FOR = {
@@ -43,14 +44,11 @@ def device_ngram_method(spec: dict, device_layer) -> dict:
     """The user's speculative config with the n-gram method vLLM should run on this device (a
     copy where it changes; the user's dict is never modified). ``model: "ngram"`` without a
     method is vLLM's other spelling of method "ngram"."""
-    method = spec.get("method")
-    if method is None and spec.get("model") in ("ngram", "[ngram]"):
-        method = "ngram"
-    wanted = _METHOD_FOR[ngram_on_device(device_layer)].get(method)
+    wanted = _METHOD_FOR[ngram_on_device(device_layer)].get(speculative_method(spec))
     if wanted is None or (wanted == spec.get("method") and "model" not in spec):
         return spec
     out = dict(spec, method=wanted)
-    if out.get("model") in ("ngram", "[ngram]", "ngram_gpu"):
+    if out.get("model") in (*NGRAM_MODEL_NAMES, "ngram_gpu"):
         out.pop("model")  # vLLM names the model after the method itself
     return out
 
