@@ -33,11 +33,6 @@ def pack_linear_weight(weight: torch.Tensor, dtype: torch.dtype) -> PackedLinear
 
 def linear(x: torch.Tensor, packed: PackedLinear, bias: torch.Tensor | None = None) -> torch.Tensor:
     check_linear(x, packed, bias, "onednn")
-    return run(x, packed, bias)
-
-
-def run(x: torch.Tensor, packed: PackedLinear, bias: torch.Tensor | None) -> torch.Tensor:
-    """``linear`` after validation."""
     dt = packed.dtype
     if bias is not None and bias.dtype != dt:
         bias = bias.to(dt)
