@@ -15,10 +15,14 @@ def _extensions():
         return [], {}
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
+    # -fopenmp: at::parallel_for is a header template that runs serially unless the including
+    # file is compiled with OpenMP (ATen/ParallelOpenMP.h); the runtime is the libgomp torch
+    # already loaded (same soname), so torch.set_num_threads governs our kernels too.
     ext = CppExtension(
         name="specdec_plugin._C",
         sources=sources,
-        extra_compile_args=["-O3", "-std=c++17"],
+        extra_compile_args=["-O3", "-std=c++17", "-fopenmp"],
+        extra_link_args=["-fopenmp"],
     )
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=False)}
 

@@ -50,7 +50,8 @@ def load_extension() -> ModuleType:
             _module = cpp_extension.load(
                 name="specdec_C_jit",
                 sources=sources,
-                extra_cflags=["-O3", "-std=c++17"],
+                extra_cflags=["-O3", "-std=c++17", "-fopenmp"],  # as setup.py: at::parallel_for
+                extra_ldflags=["-fopenmp"],
                 verbose=False,
             )
     return _module
