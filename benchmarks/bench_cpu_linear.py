@@ -12,9 +12,12 @@ the ms per step it implies.
     python benchmarks/bench_cpu_linear.py [--threads 2] [--repeats 30] [--json out.json]
 
 Variants: torch F.linear fp32 (what vLLM does), oneDNN prepacked (fp32; bf16 weights with the
-activations cast to bf16; what ops/linear/onednn.py runs) and MKL packed fp32. An AVX-512 GEMV
-of ours (csrc/cpu_linear.cpp, commit 4825ceb, removed since) lost to oneDNN once the weights
-came from memory (BENCHMARKS.md). Weights are fresh random per shape; every variant is checked
+activations cast to bf16; ops/linear/onednn.py), MKL packed fp32, and ours (ops/linear/cpp.py,
+csrc/cpu_linear_packed.cpp): bf16 weight panels widened to fp32 in registers (``cpp_bf16w``,
+the float32 product on these bf16-exact weights) and the same kernel on fp32 panels
+(``cpp_fp32``). An earlier AVX-512 GEMV of ours (csrc/cpu_linear.cpp, commit 4825ceb, removed)
+lost to oneDNN once the weights came from memory (BENCHMARKS.md). Weights are fresh random per
+shape, rounded to bf16 values (as a bf16 checkpoint loaded in fp32); every variant is checked
 against fp32 F.linear. OpenMP threads wait passively, as in the engine (device/cpu.py).
 """
 from __future__ import annotations
@@ -29,6 +32,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenM
 
 import torch
 import torch.nn.functional as F
+
+from specdec_plugin.ops.linear import cpp
 
 # (name, out_features N, in_features K, how many per model step)
 SHAPES = [("qkv", 960, 576, 30), ("o", 576, 576, 30), ("gate_up", 3072, 576, 30),
@@ -47,6 +52,12 @@ def variants(w: torch.Tensor, m: int) -> dict:
             x.bfloat16(), wdb, None, "none", [], "").float()
     except RuntimeError as e:  # a torch without oneDNN linear
         print("oneDNN skipped:", e)
+    if cpp.available():  # ours: bf16 (or fp32) panels widened to fp32 in registers
+        for dt, vname in ((torch.bfloat16, "cpp_bf16w"), (torch.float32, "cpp_fp32")):
+            pw = cpp.pack_linear_weight(w, dt)
+            out[vname] = lambda x, pw=pw: cpp.linear(x, pw)
+    else:
+        print("cpp skipped: specdec_plugin._C has no cpu_linear_packed (rebuild the extension)")
     try:
         wk = torch.ops.mkl._mkl_reorder_linear_weight(w, m)
         out["mkl_packed_fp32"] = lambda x: torch.ops.mkl._mkl_linear(x, wk, w, None, m)
@@ -61,6 +72,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--variants", default=None,
+                    help="comma list of variants to time (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
@@ -68,15 +81,21 @@ def main() -> None:
         load_before = f.read().strip()
     results: dict = {}
     for name, n, k, count in SHAPES:
-        ws = [torch.randn(n, k, generator=g) * k ** -0.5 for _ in range(count)]
+        # bfloat16-exact values, as a bfloat16 checkpoint loaded in float32 has (cpp_bf16w is
+        # then the float32 product)
+        ws = [(torch.randn(n, k, generator=g) * k ** -0.5).bfloat16().float()
+              for _ in range(count)]
         for m in MS:
             x = torch.randn(m, k, generator=g)
             per_w = [variants(w, m) for w in ws]
+            if args.variants:
+                keep = set(args.variants.split(","))
+                per_w = [{v: f for v, f in vs.items() if v in keep} for vs in per_w]
             names = list(per_w[0])
             want = F.linear(x, ws[0])
             for vname, f in per_w[0].items():  # correctness
                 err = (f(x) - want).abs().max().item()
-                tol = 5e-2 if "bf16" in vname else 1e-3
+                tol = 5e-2 if vname == "onednn_bf16" else 1e-3
                 assert err < tol, (name, m, vname, err)
             times = {v: [] for v in names}
             for _ in range(args.repeats):

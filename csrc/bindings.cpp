@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu_attention.h"
+#include "cpu_linear_packed.h"
 #include "ngram_index.h"
 #include "suffix_tree.h"
 
@@ -167,4 +168,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cpu_reshape_and_cache", &specdec::cpu_reshape_and_cache, py::arg("key"), py::arg("value"),
         py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"),
         py::call_guard<py::gil_scoped_release>());
+
+  // CPU linear layers on bfloat16 (or float32) weights packed by ops/linear/cpp.py.
+  m.def("cpu_linear_packed", &specdec::cpu_linear_packed, py::arg("x"), py::arg("packed"),
+        py::arg("out_features"), py::arg("bias") = py::none(), py::arg("portable") = false,
+        py::call_guard<py::gil_scoped_release>());
+  m.def("cpu_linear_packed_vectorized", &specdec::cpu_linear_packed_vectorized);
 }

@@ -82,14 +82,20 @@ KERNELS: dict[str, dict[str, str]] = {
         "triton": f"{_OPS}.ngram_match.triton:ngram_match",
     },
     # linear layers and the LM head on the CPU (patches/cpu_linear.py): the weight packed once
-    # at load by pack_linear_weight, then linear every step, both from one provider
+    # at load by pack_linear_weight, then linear every step, both from one provider (the
+    # packed weight names it). cpp: bfloat16/float32 weights widened to float32, row invariant;
+    # torch_widened: its reference (ops/linear/widened_reference.py)
     "pack_linear_weight": {
         "torch": f"{_OPS}.linear.reference:pack_linear_weight",
         "onednn": f"{_OPS}.linear.onednn:pack_linear_weight",
+        "cpp": f"{_OPS}.linear.cpp:pack_linear_weight",
+        "torch_widened": f"{_OPS}.linear.widened_reference:pack_linear_weight",
     },
     "linear": {
         "torch": f"{_OPS}.linear.reference:linear",
         "onednn": f"{_OPS}.linear.onednn:linear",
+        "cpp": f"{_OPS}.linear.cpp:linear",
+        "torch_widened": f"{_OPS}.linear.widened_reference:linear",
     },
     # model layers: vLLM's RMSNorm / RotaryEmbedding / SiluAndMul (ops/custom_ops.py)
     "rms_norm": {

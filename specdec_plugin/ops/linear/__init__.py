@@ -8,7 +8,14 @@ bfloat16 where the device layer chooses it) and float32 accumulation, and return
 dtype, shape ``[..., out_features]``. ``bias`` is ``[out_features]`` or None.
 
 ``PackedLinear.weight`` is the provider's own format (a plain tensor for the torch reference, an
-opaque oneDNN tensor for ``onednn``), so a packed weight goes only to the provider that made it.
+opaque oneDNN tensor for ``onednn``, 32-column panels for ``cpp``), so a packed weight goes only
+to the provider that made it (``provider`` names it).
+
+The ``cpp`` provider and its reference ``torch_widened`` (``widened_reference.py``) keep a
+stricter contract for bfloat16 packing: x is widened to float32, never rounded, and the result
+is float32 (rounded only to x's dtype), and ``cpp`` reduces each output element in one fixed
+order whatever the number of rows. On a bfloat16 checkpoint's weights that is the float32
+model's product, row by row the same in a decode and a verification step.
 ``source`` is the tensor it was packed from: a caller that sees a layer's weight replaced after
 packing (weight tying done late) packs again instead of using stale values.
 """
