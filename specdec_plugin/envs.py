@@ -9,6 +9,9 @@
 - ``SPECDEC_DRAFTER_GRAPHS=0``: run the drafter's steps eagerly (vLLM's V1 way: piecewise
   graphs, attention outside them) instead of replaying our graphs of them. Default on where
   the device has graphs.
+- ``SPECDEC_DRAFTER_PADDING=0``: record EAGLE / EAGLE-3 / MTP drafter graphs per exact batch
+  shape, the first time each shape is met while serving, instead of padding batches to a few
+  shapes that are all recorded at engine start (spec_decode/drafter_padding.py). Default on.
 - ``SPECDEC_ADAPTIVE=0``: draft K tokens every step, as vLLM does, instead of letting the
   adaptive controller choose 0..K per step from observed acceptance and measured step costs
   (default on; a user-given ``num_speculative_tokens_per_batch_size`` also turns it off).
@@ -60,6 +63,10 @@ def drafter_graphs() -> bool:
 
 def jit_build() -> bool:
     return os.environ.get("SPECDEC_JIT_BUILD", "0").strip().lower() in _TRUE
+
+def drafter_padding() -> bool:
+    return os.environ.get("SPECDEC_DRAFTER_PADDING", "1").strip().lower() in _TRUE
+
 
 
 def model_cache_dir() -> str | None:

@@ -142,7 +142,11 @@ def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None =
         output)]
     # Our drafter graphs (specdec_plugin/spec_decode/drafter_graphs.py): recorded, and failed.
     drafter_graphs = {
-        "recorded": len(re.findall(r"drafter graph recorded", output)),
+        # Padded graphs recorded at start-up are summed up in one line; exact-shape ones
+        # recorded while serving get a line each.
+        "recorded": len(re.findall(r"drafter graph recorded", output)) + sum(
+            int(n) for n in re.findall(r"(\d+) drafter graphs recorded at start-up", output)),
+        "recorded_while_serving": len(re.findall(r"drafter graph recorded", output)),
         "failed": len(re.findall(r"drafter graph for key .* not recorded", output)),
     }
     for line in proc.stdout.splitlines():

@@ -81,6 +81,11 @@ KERNELS: dict[str, dict[str, str]] = {
         "torch": f"{_OPS}.ngram_match.reference:ngram_match",
         "triton": f"{_OPS}.ngram_match.triton:ngram_match",
     },
+    # speculative decoding: a drafter batch padded to a recorded graph's shape
+    "pad_drafter_batch": {
+        "torch": f"{_OPS}.drafter_pad.reference:pad_drafter_batch",
+        "triton": f"{_OPS}.drafter_pad.triton:pad_drafter_batch",
+    },
     # linear layers and the LM head on the CPU (patches/cpu_linear.py): the weight packed once
     # at load by pack_linear_weight, then linear every step, both from one provider (the
     # packed weight names it). cpp: bfloat16/float32 weights widened to float32, row invariant;

@@ -28,12 +28,18 @@ vLLM's ``propose`` runs unchanged, not recorded, in these cases:
 - queries longer than 1+K (prefills);
 - devices without graphs, ``enforce_eager``, ``SPECDEC_DRAFTER_GRAPHS=0``.
 
+EAGLE, EAGLE-3 and MTP decode steps are padded to a few fixed shapes instead
+(drafter_padding.py), and those graphs are all recorded at engine start
+(``prerecord_graphs``, called by the runner once the target's graphs are captured); the
+exact-shape keys above remain for the draft model and for steps that cannot be padded.
+
 Memory: graphs are recorded after vLLM sized the KV cache, so the worker holds back a
 reservation for them before it does (``reserve_graph_memory``, graph_memory.py), and a
 recording that would go past it is refused: that shape drafts eagerly, with one warning.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -43,6 +49,8 @@ from vllm.config import CUDAGraphMode
 from specdec_plugin.log import init_logger
 
 from specdec_plugin import envs
+from specdec_plugin.adaptive.config import adaptive_enabled
+from specdec_plugin.spec_decode.drafter_padding import PaddedDraftInputs
 from specdec_plugin.spec_decode.graph_memory import (
     GraphMemoryBudget,
     largest_decode_shape,
@@ -138,6 +146,10 @@ class DrafterGraphs:
         # reservation was made (no graphs here, or the user fixed the KV cache size).
         self._graph_budget: GraphMemoryBudget | None = None
         self._warned_graph_budget = False
+        # Built at the first padded recording (the block size is known only by then); False:
+        # this drafter's steps are never padded.
+        self._padded_inputs: PaddedDraftInputs | None | bool = None
+        self._prerecording = False
 
     def _device_for_graphs(self, device):
         config = self.vllm_config
@@ -221,6 +233,10 @@ class DrafterGraphs:
             common_attn_metadata=common_attn_metadata, sampling_metadata=sampling_metadata,
             mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
             slot_mappings=slot_mappings))
+        if self._recordable(call):
+            drafts = self._replay_padded(call)
+            if drafts is not None:
+                return drafts
         key = self._graph_key(call)
         entry = None
         if key is not None:
@@ -235,13 +251,91 @@ class DrafterGraphs:
         # The next replay overwrites the graph's output; the runner may still hold this one.
         return entry.draft_token_ids.clone()
 
+    # ---- padded graphs (drafter_padding.py) ----
+    def _padding(self) -> PaddedDraftInputs | None:
+        if self._padded_inputs is None:
+            self._padded_inputs = self._make_padded_inputs() or False
+        return self._padded_inputs or None
+
+    def _make_padded_inputs(self) -> PaddedDraftInputs | None:
+        if (self._graph_device is None or self.needs_extra_input_slots or not envs.drafter_padding()
+                or self.block_size <= 0):
+            return None
+        from specdec_plugin.ops.registry import get_kernel
+
+        target = self.vllm_config.model_config.get_hidden_size()
+        width = target
+        if self.method == "eagle3" and getattr(self, "eagle3_use_aux_hidden_state", True):
+            layers = getattr(self.draft_model_config.hf_config,
+                             "eagle_aux_hidden_state_layer_ids", None) or (0, 1, 2)
+            width = len(layers) * target
+        query_len = 1 + self.speculative_config.num_speculative_tokens
+        return PaddedDraftInputs(
+            self.max_batch_size, query_len, width, self.dtype, -(-self.max_model_len // self.block_size),
+            self.max_model_len, self.device,
+            get_kernel("pad_drafter_batch", self._graph_device.kernel_providers))
+
+    def _replay_padded(self, call: _ProposeCall) -> torch.Tensor | None:
+        inputs = self._padding()
+        if inputs is None or not inputs.fits(call.kwargs):
+            return None
+        k = call.kwargs["num_speculative_tokens"]
+        num_reqs = call.kwargs["common_attn_metadata"].batch_size()
+        padded = inputs.bucket(num_reqs)
+        key = ("padded", k, padded)
+        entry = self._draft_graphs.get(key, False)
+        if entry is False:  # not recorded at start (off, or the cap): record it now
+            entry = self._record_padded(inputs, k, padded)
+        if entry is None:
+            return None
+        inputs.fill(call.kwargs, padded)
+        entry.graph.replay()
+        self.num_speculative_tokens = k
+        self._last_draft_probs = None
+        return entry.draft_token_ids[:num_reqs].clone()
+
+    def _record_padded(self, inputs: PaddedDraftInputs, k: int, padded: int) -> _DraftGraph | None:
+        # The buffers are charged to the first padded recording; later ones share them.
+        first = not any(isinstance(key[0], str) for key in self._draft_graphs)
+        inputs.fill(None, padded)  # fillers only: nothing is written to the KV cache
+        vllm_propose = super().propose
+        return self._capture(("padded", k, padded),
+                             lambda: vllm_propose(**inputs.propose_kwargs(padded, k)),
+                             inputs.nbytes() if first else 0, [], padded, padded * inputs.query_len)
+
+    def draft_lengths_to_record(self) -> list[int]:
+        """The draft lengths a step may ask for: every one up to K where the adaptive
+        controller chooses them (0 included: its plain steps still run the drafter's pass that
+        keeps the drafter's KV cache in sync), else K alone."""
+        k = self.speculative_config.num_speculative_tokens
+        return list(range(k + 1)) if adaptive_enabled(self.vllm_config) else [k]
+
+    def prerecord_graphs(self) -> None:
+        """Record every padded graph now, largest batch first, so no live step records one."""
+        inputs = self._padding()
+        if inputs is None:
+            return
+        start, count = time.perf_counter(), 0
+        self._prerecording = True
+        try:
+            for padded in reversed(inputs.buckets):
+                for k in self.draft_lengths_to_record():
+                    if ("padded", k, padded) not in self._draft_graphs:
+                        count += self._record_padded(inputs, k, padded) is not None
+        finally:
+            self._prerecording = False
+        logger.info("specdec_plugin: %d drafter graphs recorded at start-up (draft lengths %s, "
+                    "batches padded to %s requests) in %.1f s", count,
+                    self.draft_lengths_to_record(), inputs.buckets, time.perf_counter() - start)
+
     # ---- graphs ----
-    def _graph_key(self, call: _ProposeCall) -> tuple | None:
+    def _recordable(self, call: _ProposeCall) -> bool:
+        """Whether vLLM's ``propose`` may be recorded for this call (module doc)."""
         kw = call.kwargs
         k, cad = kw["num_speculative_tokens"], kw["common_attn_metadata"]
         # k == 0 is recorded too: the adaptive controller's plain steps still run the drafter's
         # pass over the new tokens, which keeps its KV cache in sync.
-        if (self._graph_device is None or k < 0 or kw["mm_embed_inputs"] is not None
+        return not (self._graph_device is None or k < 0 or kw["mm_embed_inputs"] is not None
                 or self.parallel_drafting or self.uses_mrope or self.uses_xdrope_dim > 0
                 or getattr(self, "use_heterogeneous_vocab", False)
                 or self.eplb_state is not None or self._share_mtp_indices
@@ -253,20 +347,38 @@ class DrafterGraphs:
                 or cad.max_query_len > 1 + self.speculative_config.num_speculative_tokens
                 or cad.causal is not True
                 or cad.dcp_local_seq_lens is not None or cad.encoder_seq_lens is not None
-                or cad.rswa_prefix_lens is not None or cad.logits_indices_padded is not None):
+                or cad.rswa_prefix_lens is not None or cad.logits_indices_padded is not None)
+
+    def _graph_key(self, call: _ProposeCall) -> tuple | None:
+        if not self._recordable(call):
             return None
+        kw = call.kwargs
+        k, cad = kw["num_speculative_tokens"], kw["common_attn_metadata"]
         shapes = tuple(None if t is None else (tuple(t.shape), t.dtype) for t in call.tensors())
         return (k, cad.max_query_len, cad.num_actual_tokens, shapes)
 
     def _record(self, key: tuple, call: _ProposeCall) -> _DraftGraph | None:
+        live = call.tensors()
+        static = [None if t is None else torch.empty_like(t) for t in live]
+        present = [t for t in static if t is not None]
+        _copy_into(present, [t for t in live if t is not None])
+        vllm_propose = super().propose
+        return self._capture(key, lambda: vllm_propose(**call.on(static, self.max_model_len)),
+                             tensor_bytes(live), present,
+                             call.kwargs["common_attn_metadata"].batch_size(), key[2])
+
+    def _capture(self, key: tuple, run, static_bytes: int, static: list[torch.Tensor],
+                 num_reqs: int, num_tokens: int) -> _DraftGraph | None:
+        """Record ``run`` (vLLM's propose on inputs already in place) under ``key``: a warm-up
+        on the side stream, in which every kernel compiles, then the recording. None, and
+        that key drafts eagerly from then on, where the cap, the memory budget or the
+        recording itself refuses."""
         if len(self._draft_graphs) >= MAX_GRAPHS:
             if not self._warned_graph_cap:
                 self._warned_graph_cap = True
                 logger.warning("specdec_plugin: %d drafter graphs recorded; further batch shapes "
                                "draft eagerly", MAX_GRAPHS)
             return None
-        live = call.tensors()
-        static_bytes = tensor_bytes(live)
         if not self._budget_allows(key, static_bytes):
             self._draft_graphs[key] = None  # drafts eagerly from now on, like a failed one
             return None
@@ -274,18 +386,12 @@ class DrafterGraphs:
         device = self._graph_device
         if self._graph_pool is None:
             self._graph_pool, self._graph_stream = device.new_graph_pool(), device.new_stream()
-        static = [None if t is None else torch.empty_like(t) for t in live]
-        present = [t for t in static if t is not None]
         start = time.perf_counter()
-        vllm_propose = super().propose
         self._recording_graph = True
         try:
-            _copy_into(present, [t for t in live if t is not None])
-            device.run_on_stream(lambda: vllm_propose(**call.on(static, self.max_model_len)),
-                                 self._graph_stream)
-            graph, draft_token_ids = device.capture_graph(
-                lambda: vllm_propose(**call.on(static, self.max_model_len)),
-                self._graph_pool, self._graph_stream)
+            device.run_on_stream(run, self._graph_stream)
+            graph, draft_token_ids = device.capture_graph(run, self._graph_pool,
+                                                          self._graph_stream)
         except Exception as err:  # e.g. an op that cannot be recorded: draft eagerly instead
             logger.warning("specdec_plugin: drafter graph for key %s not recorded (%s: %s); "
                            "these steps draft eagerly", key[:3], type(err).__name__, err)
@@ -299,13 +405,13 @@ class DrafterGraphs:
         finally:
             self._recording_graph = False
             if self._graph_budget is not None:  # a failed recording may have grown the pool
-                self._graph_budget.charge(self._reserved_bytes() - reserved_before,
-                                          static_bytes)
-        entry = _DraftGraph(graph, present, draft_token_ids)
+                grown = self._reserved_bytes() - reserved_before + static_bytes  # buffers made before
+                self._graph_budget.charge(grown, static_bytes)
+        entry = _DraftGraph(graph, static, draft_token_ids)
         self._draft_graphs[key] = entry
-        k, max_query_len, num_tokens, _ = key
-        logger.info("specdec_plugin: drafter graph recorded: %d requests, %d tokens, longest "
-                    "query %d, K=%d (%.0f ms)", call.kwargs["common_attn_metadata"].batch_size(),
-                    num_tokens, max_query_len, k,
-                    (time.perf_counter() - start) * 1e3)
+        # At INFO only while serving, where a recording stalls a step; prerecord_graphs sums
+        # up the start-up ones.
+        logger.log(logging.DEBUG if self._prerecording else logging.INFO,
+                   "specdec_plugin: drafter graph recorded: key %s, %d requests, %d tokens "
+                   "(%.0f ms)", key[:3], num_reqs, num_tokens, (time.perf_counter() - start) * 1e3)
         return entry

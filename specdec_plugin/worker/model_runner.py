@@ -42,6 +42,17 @@ class SpecDecModelRunner(AdaptiveGraphsMixin, NgramTrimReportMixin, GPUModelRunn
         reserve_attention_workspaces(self)
         super().profile_run()
 
+    def capture_model(self) -> int:
+        graph_bytes = super().capture_model()
+        # Then the drafter's graphs, so that no serving step stalls to record one
+        # (spec_decode/drafter_padding.py). Ours live in their own pool, charged to the
+        # reservation made before the KV cache was sized, not to vLLM's graph estimate.
+        prerecord = getattr(getattr(self, "drafter", None), "prerecord_graphs", None)
+        if prerecord is not None:
+            with torch.inference_mode():
+                prerecord()
+        return graph_bytes
+
     def _sync_device(self) -> None:
         self.device_layer.synchronize()
 

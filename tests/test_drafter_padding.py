@@ -1,0 +1,167 @@
+"""Padded drafter graphs (spec_decode/drafter_padding.py, drafter_graphs.py) on the host: a
+fake device layer "records" a graph by keeping the function, and a replay runs it again on the
+shared input buffers, so what vLLM's ``propose`` reads after padding is checked for real."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm.v1.attention.backend import CommonAttentionMetadata
+
+from specdec_plugin.spec_decode import drafter_graphs
+from specdec_plugin.spec_decode.drafter_graphs import DrafterGraphs
+from specdec_plugin.spec_decode.drafter_padding import request_buckets
+
+K, HIDDEN, BLOCK, MAX_LEN = 3, 8, 16, 512
+
+
+def test_request_buckets_pad_at_most_half_past_two():
+    assert request_buckets(1) == [1]
+    assert request_buckets(8) == [1, 2, 3, 4, 6, 8]
+    assert request_buckets(256)[-4:] == [96, 128, 192, 256]
+    assert request_buckets(100)[-2:] == [96, 100]
+    for n in range(3, 300):
+        b = request_buckets(300)
+        assert n <= next(x for x in b if x >= n) <= 1.5 * n
+
+
+class _GraphDevice:
+    kernel_providers = ("torch",)
+
+    def __init__(self):
+        self.captured = 0
+
+    def new_graph_pool(self):
+        return None
+
+    def new_stream(self):
+        return None
+
+    def run_on_stream(self, fn, stream):
+        return fn()
+
+    def capture_graph(self, fn, pool, stream):
+        out = fn()
+        self.captured += 1
+        return SimpleNamespace(replay=lambda: out.copy_(fn())), out
+
+
+class _VllmDrafter:
+    """vLLM's proposer as far as DrafterGraphs uses it. Its drafts are a function of what it
+    reads (each request's sampled token, its last real token and its sequence length), so a
+    padding mistake changes them."""
+
+    def __init__(self, vllm_config=None, device=None, runner=None):
+        self.vllm_config = vllm_config
+        self.speculative_config = vllm_config.speculative_config
+        self.draft_model_config = self.speculative_config.draft_model_config
+        self.method, self.eagle3_use_aux_hidden_state = "eagle", True
+        self.hidden_size, self.dtype, self.device = HIDDEN, torch.float32, torch.device("cpu")
+        self.max_model_len, self.max_batch_size, self.max_num_tokens = MAX_LEN, 8, 64
+        self.block_size, self.needs_extra_input_slots = BLOCK, False
+        self.parallel_drafting = self.uses_mrope = self._share_mtp_indices = False
+        self.uses_xdrope_dim, self.eplb_state = 0, None
+        self._enable_probabilistic_draft_probs = False
+        self.calls = []
+
+    def propose(self, **kw):
+        self.calls.append(kw)
+        cad = kw["common_attn_metadata"]
+        tis = kw["token_indices_to_sample"]
+        if tis is None:
+            tis = cad.query_start_loc[1:] - 1
+        rejected = kw["num_rejected_tokens_gpu"]
+        seq = cad.seq_lens - (0 if rejected is None else rejected)
+        base = kw["next_token_ids"].long() * 1000 + kw["target_token_ids"][tis.long()].long() + seq
+        return base[:, None] + torch.arange(kw["num_speculative_tokens"])
+
+
+class _Drafter(DrafterGraphs, _VllmDrafter):
+    pass
+
+
+@pytest.fixture
+def drafter(monkeypatch):
+    device = _GraphDevice()
+    monkeypatch.setattr(DrafterGraphs, "_device_for_graphs", lambda self, layer: device)
+    monkeypatch.setattr(drafter_graphs, "adaptive_enabled", lambda config: True)
+    target = SimpleNamespace(get_hidden_size=lambda: HIDDEN, enforce_eager=False)
+    spec = SimpleNamespace(num_speculative_tokens=K, draft_model_config=SimpleNamespace(
+        hf_config=SimpleNamespace()))
+    return _Drafter(vllm_config=SimpleNamespace(model_config=target, speculative_config=spec),
+                    device="cpu", runner=None)
+
+
+def _call(lens: list[int], k: int, seed: int, with_rejected: bool = True, max_seq: int = 200):
+    g = torch.Generator().manual_seed(seed)
+    qsl = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor(lens), 0)
+    total, batch = int(qsl[-1]), len(lens)
+    seq_lens = torch.randint(8, max_seq, (batch,), generator=g, dtype=torch.int32)
+    rejected = torch.tensor([int(torch.randint(0, n, (1,), generator=g)) for n in lens],
+                            dtype=torch.int32)
+    cad = CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq_lens,
+        num_reqs=batch, num_actual_tokens=total, max_query_len=max(lens),
+        max_seq_len=int(seq_lens.max()),
+        block_table_tensor=torch.randint(1, 99, (batch, MAX_LEN // BLOCK), generator=g, dtype=torch.int32),
+        slot_mapping=torch.randint(0, 1600, (total,), generator=g))
+    return dict(
+        num_speculative_tokens=k,
+        target_token_ids=torch.randint(1, 1000, (total,), generator=g, dtype=torch.int32),
+        target_positions=torch.randint(1, 60, (total,), generator=g),
+        target_hidden_states=torch.rand(total, HIDDEN, generator=g) + 1,
+        next_token_ids=torch.randint(1, 1000, (batch,), generator=g, dtype=torch.int32),
+        token_indices_to_sample=(qsl[1:] - 1 - rejected) if with_rejected else None,
+        common_attn_metadata=cad, sampling_metadata=SimpleNamespace(all_greedy=True),
+        num_rejected_tokens_gpu=rejected if with_rejected else None)
+
+
+def _eager(kw):
+    return _VllmDrafter.propose(SimpleNamespace(calls=[]), **kw)
+
+
+def test_startup_records_every_bucket_and_length_then_serving_records_nothing(drafter):
+    drafter.prerecord_graphs()
+    assert drafter._graph_device.captured == len(request_buckets(8)) * (K + 1)
+    for seed, lens in enumerate([[4, 4, 4], [1, 4, 2, 3, 1], [1], [2] * 8, [4] * 7]):
+        for k in range(K + 1):
+            kw = _call(lens, k, seed * 10 + k, with_rejected=seed % 2 == 0)
+            want = _eager(kw)
+            got = drafter.propose(**kw)
+            assert torch.equal(got, want), (lens, k)
+    assert drafter._graph_device.captured == len(request_buckets(8)) * (K + 1)
+    # What vLLM's propose read on the last replay: 8 requests of 1+K tokens.
+    last = drafter.calls[-1]
+    assert last["target_token_ids"].shape == (8 * (1 + K),)
+    assert last["common_attn_metadata"].max_query_len == 1 + K
+
+
+def test_without_startup_a_bucket_is_recorded_once_while_serving(drafter):
+    for lens in ([2, 3, 1], [4, 1, 1, 1], [1, 1, 1]):
+        drafter.propose(**_call(lens, K, 7))
+    assert drafter._graph_device.captured == 2  # buckets 3 and 4
+    assert set(drafter._draft_graphs) == {("padded", K, 3), ("padded", K, 4)}
+
+
+def test_steps_near_max_model_len_are_not_padded(drafter):
+    kw = _call([4, 4], K, 3, max_seq=MAX_LEN - 2)
+    kw["common_attn_metadata"].max_seq_len = MAX_LEN - K  # the fillers would pass the table
+    got = drafter.propose(**kw)
+    assert torch.equal(got, _eager(kw))
+    assert not any(key[0] == "padded" for key in drafter._draft_graphs)
+
+
+def test_padding_can_be_switched_off(drafter, monkeypatch):
+    monkeypatch.setenv("SPECDEC_DRAFTER_PADDING", "0")
+    drafter.prerecord_graphs()
+    assert drafter._graph_device.captured == 0
+    drafter.propose(**_call([4, 4], K, 3))
+    assert list(drafter._draft_graphs) == [(K, 4, 8, list(drafter._draft_graphs)[0][3])]
+
+
+def test_static_k_records_only_k(drafter, monkeypatch):
+    monkeypatch.setattr(drafter_graphs, "adaptive_enabled", lambda config: False)
+    drafter.prerecord_graphs()
+    assert {key[1] for key in drafter._draft_graphs} == {K}
