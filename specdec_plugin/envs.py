@@ -19,12 +19,15 @@
   ``ngram_match`` kernel over device-resident token histories, vLLM's ``ngram_gpu`` path, with
   async scheduling where the device has it), ``0`` on the host (our C++ index). Default: the
   device layer's choice (``DeviceLayer.ngram_on_device``: GPUs yes, the CPU no).
-- ``SPECDEC_CPU_LINEAR=auto|fp32|bf16|torch``: weights of the linear layers and the LM head on
-  CPU. ``auto`` (default): packed once for oneDNN in the model's dtype (float32 stays float32);
-  ``bf16``: packed as bfloat16, activations rounded to bfloat16 too (half the bytes a step
-  reads; greedy text differs from float32's, and speculation is no longer lossless: 1 and 1+K
-  token products round differently); ``fp32``: float32 whatever the model dtype;
-  ``torch``: vLLM's ``F.linear`` on the unpacked weights.
+- ``SPECDEC_CPU_LINEAR=auto|bf16w|fp32|bf16|torch``: weights of the linear layers and the LM
+  head on CPU, packed once at load (device/cpu.py ``linear_packing``, per weight). ``auto``
+  (default): weights whose values are all bfloat16 (a bfloat16 checkpoint, in float32 or
+  bfloat16) as bfloat16 for our C++ kernel, widened to float32 in registers (lossless, half
+  the bytes), any other weight for oneDNN in its own dtype; ``bf16w``: our kernel on bfloat16
+  whatever the values (rounds weights that are not bfloat16 values); ``fp32``: oneDNN float32;
+  ``bf16``: oneDNN bfloat16, activations rounded to bfloat16 too (greedy text differs from
+  float32's, and speculation is no longer lossless: 1 and 1+K token products round
+  differently); ``torch``: vLLM's ``F.linear`` on the unpacked weights.
 - ``SPECDEC_JIT_BUILD=1``: compile csrc/ with torch's cpp_extension on first use when the
   installed package has no ``specdec_plugin._C`` (a source checkout not built by pip).
 - ``SPECDEC_CACHE_DIR``: where ``specdec-models`` keeps checkpoints (default
@@ -61,12 +64,12 @@ def drafter_graphs() -> bool:
     return os.environ.get("SPECDEC_DRAFTER_GRAPHS", "1").strip().lower() in _TRUE
 
 
-def jit_build() -> bool:
-    return os.environ.get("SPECDEC_JIT_BUILD", "0").strip().lower() in _TRUE
-
 def drafter_padding() -> bool:
     return os.environ.get("SPECDEC_DRAFTER_PADDING", "1").strip().lower() in _TRUE
 
+
+def jit_build() -> bool:
+    return os.environ.get("SPECDEC_JIT_BUILD", "0").strip().lower() in _TRUE
 
 
 def model_cache_dir() -> str | None:
@@ -83,7 +86,7 @@ def ngram_on_device() -> bool | None:
     return None if not value else value in _TRUE
 
 
-CPU_LINEAR_CHOICES = ("auto", "fp32", "bf16", "torch")
+CPU_LINEAR_CHOICES = ("auto", "bf16w", "fp32", "bf16", "torch")
 
 
 def cpu_linear() -> str:

@@ -1,11 +1,14 @@
 """P11 (patches/cpu_linear.py) and the CPU device layer's choice of linear weight dtype, without
 an engine: vLLM's two unquantized methods on small layers, the patch installed for the test only.
 
-- A linear layer is packed at load and its products match F.linear; bias passes through.
+- A linear layer is packed at load, its weight's storage released, and its products match
+  F.linear; bias passes through; two layers sharing one weight share one packing.
 - The LM head (embedding method) is packed at its first product, not at load (input embeddings
-  never multiply), and packed again when its weight is replaced (tied late).
-- The device layer's choice: SPECDEC_CPU_LINEAR (auto keeps the model's dtype, torch leaves
-  vLLM's F.linear, anything else is an error).
+  never multiply), keeps its weight (often the tied input embedding), and is packed again when
+  its weight is replaced (tied late).
+- The device layer's choice per weight: SPECDEC_CPU_LINEAR=auto sends bfloat16-valued weights
+  to the cpp provider as bfloat16 and any other float32 weight to oneDNN float32; bf16w forces
+  the cpp provider, bf16 / fp32 oneDNN, torch leaves vLLM's F.linear, anything else is an error.
 """
 from __future__ import annotations
 
@@ -26,59 +29,101 @@ def patched(monkeypatch):
         for name in ("process_weights_after_loading", "apply"):
             monkeypatch.setattr(cls, name, getattr(cls, name))  # restored after the test
     monkeypatch.setattr(cpu_linear, "_state", {})
-    monkeypatch.setattr("specdec_plugin.device.cpu._linear_choices", {})
+    monkeypatch.setattr("specdec_plugin.device.cpu._linear_choices", set())
     monkeypatch.delenv("SPECDEC_CPU_LINEAR", raising=False)
-    device = CpuDevice()
-    cpu_linear.apply(device.kernel_providers, device.linear_weight_dtype)
+    cpu_linear.apply(CpuDevice().linear_packing)
     return UnquantizedLinearMethod(), UnquantizedEmbeddingMethod()
 
 
-def _layer(n, k, seed):
+def _weight(n, k, g, bf16_values):
+    w = torch.randn(n, k, generator=g) * k ** -0.5
+    return w.bfloat16().float() if bf16_values else w
+
+
+def _layer(n, k, seed, bf16_values=True):
     g = torch.Generator().manual_seed(seed)
     layer = torch.nn.Module()
-    layer.weight = torch.nn.Parameter(torch.randn(n, k, generator=g) * k ** -0.5,
-                                      requires_grad=False)
+    layer.weight = torch.nn.Parameter(_weight(n, k, g, bf16_values), requires_grad=False)
     return layer, torch.randn(3, k, generator=g)
 
 
-def test_linear_layer_packed_at_load(patched):
+def _provider(layer):
+    packed, _ = layer.weight.__dict__[cpu_linear._ATTR]
+    return packed.provider, packed.dtype
+
+
+@pytest.mark.parametrize("bf16_values,want", [(True, ("cpp", torch.bfloat16)),
+                                              (False, ("onednn", torch.float32))])
+def test_linear_layer_packed_at_load_and_released(patched, bf16_values, want):
     method, _ = patched
-    layer, x = _layer(96, 64, seed=0)
+    layer, x = _layer(96, 64, seed=0, bf16_values=bf16_values)
+    original = layer.weight.detach().clone()
     method.process_weights_after_loading(layer)
-    assert cpu_linear._ATTR in layer.__dict__
+    assert _provider(layer) == want
+    assert layer.weight.shape == (0, 64)  # released: the packed copy is the only one
     bias = torch.randn(96)
     for rows in (x[:1], x):  # one token (decode) and several (verification, batches)
-        torch.testing.assert_close(method.apply(layer, rows, bias), F.linear(rows, layer.weight, bias),
+        torch.testing.assert_close(method.apply(layer, rows, bias), F.linear(rows, original, bias),
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_layers_sharing_a_weight_share_its_packing(patched):
+    method, _ = patched
+    first, x = _layer(64, 32, seed=3)
+    second = torch.nn.Module()
+    second.weight = first.weight
+    original = first.weight.detach().clone()
+    method.process_weights_after_loading(first)
+    method.process_weights_after_loading(second)  # finds the packing, not the released storage
+    for layer in (first, second):
+        torch.testing.assert_close(method.apply(layer, x), F.linear(x, original), rtol=1e-5,
+                                   atol=1e-5)
 
 
 def test_lm_head_packed_at_first_product_and_after_retying(patched):
     _, method = patched
     head, x = _layer(200, 64, seed=1)
     method.process_weights_after_loading(head)
-    assert cpu_linear._ATTR not in head.__dict__  # could be an input embedding
+    assert cpu_linear._ATTR not in head.weight.__dict__  # could be an input embedding
     torch.testing.assert_close(method.apply(head, x), F.linear(x, head.weight), rtol=1e-5,
                                atol=1e-5)
-    first = head.__dict__[cpu_linear._ATTR]
+    assert head.weight.shape == (200, 64)  # kept: an LM head is often the tied embedding
+    first = head.weight.__dict__[cpu_linear._ATTR]
     other, _ = _layer(200, 64, seed=2)
     head.weight = other.weight  # tied after packing: the old packing must not be used
     torch.testing.assert_close(method.apply(head, x), F.linear(x, other.weight), rtol=1e-5,
                                atol=1e-5)
-    assert head.__dict__[cpu_linear._ATTR] is not first
+    assert head.weight.__dict__[cpu_linear._ATTR] is not first
 
 
-@pytest.mark.parametrize("setting,model,want", [
-    ("auto", torch.float32, torch.float32), ("auto", torch.bfloat16, torch.bfloat16),
-    ("auto", torch.float16, None), ("fp32", torch.bfloat16, torch.float32),
-    ("bf16", torch.float32, torch.bfloat16), ("torch", torch.float32, None)])
-def test_device_layer_choice(monkeypatch, setting, model, want):
+@pytest.mark.parametrize("setting,dtype,bf16_values,want", [
+    ("auto", torch.float32, True, ("cpp", torch.bfloat16)),
+    ("auto", torch.bfloat16, True, ("cpp", torch.bfloat16)),
+    ("auto", torch.float32, False, ("onednn", torch.float32)),
+    ("auto", torch.float16, True, None),
+    ("bf16w", torch.float32, False, ("cpp", torch.bfloat16)),
+    ("fp32", torch.float32, True, ("onednn", torch.float32)),
+    ("fp32", torch.bfloat16, True, ("onednn", torch.float32)),
+    ("bf16", torch.float32, True, ("onednn", torch.bfloat16)),
+    ("torch", torch.float32, True, None)])
+def test_device_layer_choice(monkeypatch, setting, dtype, bf16_values, want):
     monkeypatch.setenv("SPECDEC_CPU_LINEAR", setting)
-    monkeypatch.setattr("specdec_plugin.device.cpu._linear_choices", {})
-    assert CpuDevice().linear_weight_dtype(model) == want
+    monkeypatch.setattr("specdec_plugin.device.cpu._linear_choices", set())
+    weight = _weight(8, 16, torch.Generator().manual_seed(4), bf16_values).to(dtype)
+    assert CpuDevice().linear_packing(weight) == want
+
+
+def test_bf16_exactness_is_read_from_the_values():
+    from specdec_plugin.device.cpu import _bf16_exact
+
+    w = _weight(8, 16, torch.Generator().manual_seed(5), bf16_values=True)
+    assert _bf16_exact(w) and _bf16_exact(w.bfloat16())
+    w[3, 7] = torch.nextafter(w[3, 7], torch.tensor(2.0))  # one value off the bfloat16 grid
+    assert not _bf16_exact(w)
 
 
 def test_device_layer_rejects_unknown_setting(monkeypatch):
     monkeypatch.setenv("SPECDEC_CPU_LINEAR", "int8")
-    monkeypatch.setattr("specdec_plugin.device.cpu._linear_choices", {})
+    monkeypatch.setattr("specdec_plugin.device.cpu._linear_choices", set())
     with pytest.raises(ValueError, match="SPECDEC_CPU_LINEAR"):
-        CpuDevice().linear_weight_dtype(torch.float32)
+        CpuDevice().linear_packing(torch.ones(2, 2))

@@ -23,8 +23,9 @@ class CpuDevice(DeviceLayer):
     device_control_env_var: ClassVar[str] = "SPECDEC_CPU_VISIBLE_DEVICES"
     # Attention and the KV write in C++ (csrc/cpu_attention.cpp): the torch reference spends
     # more on per-layer indexing than on arithmetic here (BENCHMARKS.md, CPU step profile).
-    # Linear layers and the LM head through oneDNN on weights packed once at load (patch P11,
-    # ops/linear): torch's F.linear reads the unpacked weights at about half the rate.
+    # Linear layers and the LM head on weights packed once at load (patch P11, ops/linear): our
+    # C++ kernel on bfloat16 panels where the weights are bfloat16 values, oneDNN otherwise
+    # (linear_packing); torch's F.linear reads the unpacked weights at about half the rate.
     kernel_providers: ClassVar[tuple[str, ...]] = ("cpp", "onednn", "torch")
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32, torch.bfloat16)
     install_hint: ClassVar[str] = "any torch build"
@@ -71,59 +72,95 @@ class CpuDevice(DeviceLayer):
         from specdec_plugin.patches import cpu_linear, cpu_streams
 
         cpu_streams.apply()
-        cpu_linear.apply(self.kernel_providers, self.linear_weight_dtype)
+        cpu_linear.apply(self.linear_packing)
 
-    def linear_weight_dtype(self, model_dtype: torch.dtype) -> torch.dtype | None:
-        """The dtype P11 packs a linear layer's (or the LM head's) weight in, or None to leave
-        it to vLLM's F.linear. Logged once per model dtype.
+    def linear_packing(self, weight: torch.Tensor) -> tuple[str, torch.dtype] | None:
+        """How P11 packs one linear layer's (or the LM head's) weight: ``(provider, dtype)``
+        for ops/linear, or None to leave the layer to vLLM's F.linear. Each distinct choice is
+        logged once.
 
-        float32 stays float32 by default: bfloat16 would halve the bytes a decode step reads
-        (measured 1.3x faster again than packed float32 in the engine, BENCHMARKS.md) but
-        oneDNN then rounds the activations to bfloat16 too, so greedy text is no longer the
-        float32 model's the user asked for, and it rounds each product's result to bfloat16,
-        where oneDNN's summation order differs between 1 and 1+K rows: speculative greedy
-        output then differs from non-speculative (measured, EAGLE-3 at batch 1). So bfloat16
-        is never chosen for a float32 model; ``SPECDEC_CPU_LINEAR=bf16`` opts in, with a
-        warning."""
+        Default (``SPECDEC_CPU_LINEAR=auto``): a weight whose values are all bfloat16 (a
+        bfloat16 checkpoint, loaded as float32 or bfloat16) goes to the ``cpp`` provider as
+        bfloat16 panels widened to float32 in registers: the float32 product from half the
+        bytes, and row invariant, so speculation stays lossless (BENCHMARKS.md: 2.3x oneDNN
+        float32 at one token). Any other weight keeps oneDNN in its own dtype. oneDNN bfloat16
+        (``SPECDEC_CPU_LINEAR=bf16``) is never chosen by itself: it rounds activations and
+        results to bfloat16, in an order that differs between 1 and 1+K rows, so speculative
+        greedy output drifts from non-speculative (measured, EAGLE-3 at batch 1)."""
+        from specdec_plugin.ops.linear import cpp, onednn  # not at import: detection stays cheap
+
         choice = envs.cpu_linear()
-        key = (model_dtype, choice)
-        if key in _linear_choices:
-            return _linear_choices[key]
-        from specdec_plugin.log import init_logger  # not at import: detection must stay cheap
-        from specdec_plugin.ops.linear import onednn
-
-        logger = init_logger(__name__)
         if choice == "torch":
-            dtype, why = None, "SPECDEC_CPU_LINEAR=torch"
-        elif "onednn" not in self.kernel_providers or not onednn.available():
-            dtype, why = None, "this torch has no oneDNN linear"
-        elif choice == "bf16":
+            return self._log_linear(None, "SPECDEC_CPU_LINEAR=torch")
+        if weight.dtype not in (torch.float32, torch.bfloat16):
+            return self._log_linear(None, f"packing is float32/bfloat16 only, the weight is "
+                                          f"{weight.dtype}")
+        exact = _bf16_exact(weight)
+        if choice == "bf16w":
+            if not cpp.available():
+                raise RuntimeError("SPECDEC_CPU_LINEAR=bf16w needs specdec_plugin._C with "
+                                   "cpu_linear_packed: rebuild it (pip install -e .)")
+            return self._log_linear(("cpp", torch.bfloat16), "SPECDEC_CPU_LINEAR=bf16w",
+                                    warn=None if exact else (
+                                        "SPECDEC_CPU_LINEAR=bf16w on weights that are not "
+                                        "bfloat16 values: they are rounded to bfloat16, so "
+                                        "greedy output differs from the model's own dtype."))
+        if choice == "auto" and exact and cpp.available():
+            return self._log_linear(("cpp", torch.bfloat16),
+                                    "the weights are bfloat16 values; lossless: float32 "
+                                    "activations and accumulation, row invariant")
+        if not onednn.available():
+            return self._log_linear(None, "this torch has no oneDNN linear")
+        if choice == "bf16":
             native = bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
-            dtype, why = torch.bfloat16, ("SPECDEC_CPU_LINEAR=bf16; the CPU has native bf16"
-                                          if native else "SPECDEC_CPU_LINEAR=bf16, but this CPU "
-                                          "has no native bf16 (oneDNN emulates it: slower)")
-        elif choice == "fp32":
-            dtype, why = torch.float32, "SPECDEC_CPU_LINEAR=fp32"
-        elif model_dtype in (torch.float32, torch.bfloat16):
-            dtype, why = model_dtype, "the model's dtype (SPECDEC_CPU_LINEAR=auto)"
-        else:
-            dtype, why = None, f"oneDNN packing is float32/bfloat16 only, the model is {model_dtype}"
-        _linear_choices[key] = dtype
-        if dtype == torch.bfloat16 and model_dtype == torch.float32:
-            logger.warning("SPECDEC_CPU_LINEAR=bf16 on a float32 model: linear layers round to "
-                           "bfloat16, so greedy output differs from float32's, and with "
-                           "speculation it can differ from the output without it (1 and 1+K "
-                           "token products round differently). Unset it for lossless float32.")
-        if dtype is None:
-            logger.info("CPU linear layers and LM head: vLLM's F.linear (%s).", why)
-        else:
-            logger.info("CPU linear layers and LM head: oneDNN, %s weights packed once at load "
-                        "(%s; measured 1.8x torch's F.linear at batch 1, 2.6x at batch 8).",
-                        str(dtype).removeprefix("torch."), why)
-        return dtype
+            return self._log_linear(
+                ("onednn", torch.bfloat16), "SPECDEC_CPU_LINEAR=bf16" + (
+                    "; the CPU has native bf16" if native
+                    else ", but this CPU has no native bf16 (oneDNN emulates it: slower)"),
+                warn=None if weight.dtype == torch.bfloat16 else (
+                    "SPECDEC_CPU_LINEAR=bf16 on a float32 model: linear layers round to "
+                    "bfloat16, so greedy output differs from float32's, and with speculation "
+                    "it can differ from the output without it (1 and 1+K token products round "
+                    "differently). Unset it for lossless float32."))
+        if choice == "fp32":
+            return self._log_linear(("onednn", torch.float32), "SPECDEC_CPU_LINEAR=fp32")
+        why = ("the weights are not bfloat16 values" if not exact
+               else "specdec_plugin._C has no cpu_linear_packed (rebuild it)")
+        return self._log_linear(("onednn", weight.dtype), f"the weight's dtype ({why})")
+
+    @staticmethod
+    def _log_linear(packing: tuple[str, torch.dtype] | None, why: str,
+                    warn: str | None = None) -> tuple[str, torch.dtype] | None:
+        if (packing, why) not in _linear_choices:
+            _linear_choices.add((packing, why))
+            from specdec_plugin.log import init_logger
+
+            logger = init_logger(__name__)
+            if warn:
+                logger.warning(warn)
+            if packing is None:
+                logger.info("CPU linear layers and LM head: vLLM's F.linear (%s).", why)
+            else:
+                provider, dtype = packing
+                logger.info("CPU linear layers and LM head: %s, %s weights packed once at "
+                            "load (%s).", _PROVIDER_NAMES[provider],
+                            str(dtype).removeprefix("torch."), why)
+        return packing
 
 
-_linear_choices: dict = {}
+_PROVIDER_NAMES = {"cpp": "our C++ kernel (csrc/cpu_linear_packed.cpp)", "onednn": "oneDNN"}
+_linear_choices: set = set()  # the (packing, reason) pairs logged so far
+
+
+def _bf16_exact(weight: torch.Tensor) -> bool:
+    """Whether every value of ``weight`` is a bfloat16 value, so bfloat16 storage loses
+    nothing. A float32 is one exactly when its low 16 bits are zero (bfloat16 is the top half);
+    checked on the tensor itself, not on a config field that may not describe it."""
+    if weight.dtype == torch.bfloat16:
+        return True
+    if weight.dtype != torch.float32:
+        return False
+    return not bool(torch.any(weight.detach().contiguous().view(torch.int32) & 0xFFFF))
 
 
 def _cpu_flags() -> set[str]:

@@ -116,8 +116,9 @@ P11 linear layers and the LM head on the CPU (patches/cpu_linear.py, applied by 
    fp32 weight, 75-85% of a CPU decode step and about half the speed of packed oneDNN.
    What: ``UnquantizedLinearMethod`` / ``UnquantizedEmbeddingMethod``'s
    ``process_weights_after_loading`` and ``apply`` are wrapped: weights packed once (ops/linear
-   ``pack_linear_weight``, dtype chosen by ``CpuDevice.linear_weight_dtype``; the LM head at its
-   first product), CPU inputs run ops/linear ``linear``; everything else calls vLLM's.
+   ``pack_linear_weight`` of the provider and dtype ``CpuDevice.linear_packing`` chooses per
+   weight; the LM head at its first product), a linear layer's unpacked weight then released,
+   CPU inputs run that provider's ``linear``; everything else calls vLLM's.
    Replaces: model_executor/layers/linear.py:214-228 and vocab_parallel_embedding.py:61-75 (the
    ``is_cpu()`` branch of ``process_weights_after_loading`` and
    ``dispatch_unquantized_gemm()(layer, x, layer.weight, bias)`` in ``apply``; layers/utils.py:338

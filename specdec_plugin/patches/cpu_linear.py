@@ -5,8 +5,18 @@ and, on its own CPU platform only (``current_platform.is_cpu()``), repacks their
 ``process_weights_after_loading``. Ours is an out-of-tree platform, so both fall through to
 ``F.linear`` on the unpacked fp32 weight, which is 75-85% of a CPU decode step. This wraps the two
 quant methods' ``process_weights_after_loading`` and ``apply``: the weight is packed once
-(``pack_linear_weight`` of the device's provider, in the dtype the device layer chooses) and
-every call with a CPU input runs ``linear`` on it. Anything else goes to vLLM's own code.
+(``pack_linear_weight`` of the provider and in the dtype the device layer chooses for that
+weight, ``CpuDevice.linear_packing``) and every call with a CPU input runs that provider's
+``linear`` on it. Anything else goes to vLLM's own code.
+
+The packing is kept on the weight tensor itself, so layers sharing one weight share one
+packing. A linear layer's weight is released after packing (its ``.data`` becomes an empty
+``[0, in_features]`` tensor): nothing reads it after load on this path (vLLM's ``apply`` is
+replaced, and vLLM's drafters compare and share only embeddings and LM heads), so keeping it
+held the linear layers twice (+425 MB for SmolLM2 in float32). Anything that did read its
+values would find an empty tensor, never stale values; reloading weights into a running engine
+is not supported on this path. LM heads keep theirs: they are often the input embedding itself
+(tied, as in SmolLM2), which ``embedding()`` reads every step.
 
 The LM head is packed at its first ``apply``: ``UnquantizedEmbeddingMethod`` serves input
 embeddings too (``embedding()``, never ``apply``), and packing those at load would copy a
@@ -23,25 +33,34 @@ _ATTR = "_specdec_packed_linear"
 _state: dict = {}
 
 
-def _pack(layer: torch.nn.Module) -> object | None:
+def _pack(layer: torch.nn.Module, release: bool = False) -> tuple | None:
+    """``(packed, linear)`` for ``layer.weight``, packed as the device layer chooses and kept on
+    the weight itself, so a weight shared by several layers is packed (and released) once;
+    ``(None, None)`` where the layer stays vLLM's (kept too: the choice is made once)."""
     weight = getattr(layer, "weight", None)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.is_cpu \
-            or weight.numel() == 0:
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.is_cpu:
         return None
-    dtype = _state["choose"](weight.dtype)
-    if dtype is None:
+    entry = weight.__dict__.get(_ATTR)
+    if entry is not None:
+        return entry
+    if weight.numel() == 0:
         return None
-    packed = _state["pack"](weight, dtype)
-    # Not a registered buffer: an opaque oneDNN tensor must stay out of state_dict and .to().
-    object.__setattr__(layer, _ATTR, packed)
-    return packed
+    choice = _state["choose"](weight)
+    entry = (None, None)
+    if choice is not None:
+        from specdec_plugin.ops.registry import get_kernel
 
-
-def _packed_for(layer: torch.nn.Module) -> object | None:
-    packed = layer.__dict__.get(_ATTR)
-    if packed is not None and packed.source is getattr(layer, "weight", None):
-        return packed
-    return _pack(layer)
+        provider, dtype = choice
+        entry = (get_kernel("pack_linear_weight", (provider,))(weight, dtype),
+                 get_kernel("linear", (provider,)))
+    # A plain attribute, not a registered buffer: an opaque oneDNN tensor must stay out of
+    # state_dict. A weight replaced after packing (tied late) is a new tensor without it.
+    weight.__dict__[_ATTR] = entry
+    if release and entry[0] is not None and isinstance(weight, torch.nn.Parameter):
+        # The Parameter object stays (and with it the entry); only its storage goes. The packed
+        # copy holds its own.
+        weight.data = weight.data.new_empty((0, weight.shape[1]))
+    return entry
 
 
 def _wrap_class(cls, pack_at_load: bool) -> None:
@@ -51,14 +70,14 @@ def _wrap_class(cls, pack_at_load: bool) -> None:
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         original_load(self, layer)
         if pack_at_load:
-            _pack(layer)
+            _pack(layer, release=True)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
         if x.is_cpu:
-            packed = _packed_for(layer)
-            if packed is not None:
-                return _state["linear"](x, packed, bias)
+            entry = _pack(layer)
+            if entry is not None and entry[0] is not None:
+                return entry[1](x, entry[0], bias)
         return original_apply(self, layer, x, bias)
 
     process_weights_after_loading.__wrapped__ = original_load  # type: ignore[attr-defined]
@@ -67,18 +86,14 @@ def _wrap_class(cls, pack_at_load: bool) -> None:
     cls.apply = apply
 
 
-def apply(kernel_providers: tuple[str, ...], choose_dtype: Callable[[torch.dtype], object]) -> None:
-    """Install P11 for this process (idempotent). ``choose_dtype(model_dtype)`` is the device
-    layer's choice of packed weight dtype, or None to leave a layer to vLLM."""
+def apply(choose: Callable[[torch.Tensor], tuple[str, torch.dtype] | None]) -> None:
+    """Install P11 for this process (idempotent). ``choose(weight)`` is the device layer's
+    ``(provider, dtype)`` for packing that weight, or None to leave the layer to vLLM."""
     if _state:
         return
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
-    from specdec_plugin.ops.registry import get_kernel
-
-    _state.update(choose=choose_dtype,
-                  pack=get_kernel("pack_linear_weight", kernel_providers),
-                  linear=get_kernel("linear", kernel_providers))
+    _state.update(choose=choose)
     _wrap_class(UnquantizedLinearMethod, pack_at_load=True)
     _wrap_class(UnquantizedEmbeddingMethod, pack_at_load=False)
