@@ -50,6 +50,9 @@ class HostReplayGraphs:
     ``fail_first``: the first capture fails inside the recording, as an op that cannot be
     recorded would."""
 
+    # The padded path's pad_drafter_batch runs from the torch reference here.
+    kernel_providers = ("torch",)
+
     def __init__(self, fail_first: bool = False) -> None:
         self.fail_next = fail_first
 

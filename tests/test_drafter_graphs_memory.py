@@ -65,18 +65,22 @@ def test_static_input_estimate_covers_a_real_call_and_is_not_wild(batch):
     assert real <= estimate <= 2 * real
 
 
-def test_budget_lets_the_pool_grow_and_holds_each_part_to_its_limit():
+def test_budget_lets_the_pool_grow_and_holds_the_sum_to_the_reservation():
     budget = GraphMemoryBudget(working_limit=100 * MiB, static_limit=30 * MiB)
     assert budget.limit == 130 * MiB
-    assert budget.allows(30 * MiB) and not budget.allows(31 * MiB)
+    assert budget.allows(130 * MiB) and not budget.allows(131 * MiB)
     budget.charge(90 * MiB, static_bytes=10 * MiB)  # the first: pool and stream cache grew
     assert (budget.working_used, budget.static_used) == (80 * MiB, 10 * MiB)
     # Later recordings reuse the pool (the allocator may even reuse cached blocks for the
     # buffers): only their buffers count.
     budget.charge(4 * MiB, static_bytes=10 * MiB)
     assert (budget.working_used, budget.static_used) == (80 * MiB, 20 * MiB)
-    assert budget.allows(10 * MiB) and not budget.allows(11 * MiB)
-    budget.charge(30 * MiB, static_bytes=0)  # the pool went past its part: estimate fell short
+    # The pool past its part (the estimate fell short) may use what the buffers left ...
+    budget.charge(25 * MiB, static_bytes=0)
+    assert budget.working_used == 105 * MiB and budget.allows(5 * MiB)
+    # ... and no more than that.
+    assert not budget.allows(6 * MiB)
+    budget.charge(6 * MiB, static_bytes=0)
     assert not budget.allows(0)
 
 
@@ -189,9 +193,9 @@ def _static(batch: int) -> int:
     return tensor_bytes(_ProposeCall(_call_kwargs(batch)).tensors())
 
 
-def test_recordings_past_the_buffers_part_draft_eagerly_with_one_warning(drafter, caplog):
-    # Room for the buffers of batches 4 and 2, not 3 more.
-    drafter._graph_budget = GraphMemoryBudget(60 * MiB, _static(4) + _static(2))
+def test_recordings_past_the_reservation_draft_eagerly_with_one_warning(drafter, caplog):
+    # Room for the pool (40 MiB) and the buffers of batches 4 and 2, not 3 more.
+    drafter._graph_budget = GraphMemoryBudget(40 * MiB, _static(4) + _static(2))
     drafter.propose(**_call_kwargs(4))  # recorded: warm-up + capture run vLLM's propose twice
     drafter.propose(**_call_kwargs(2))
     assert drafter._graph_device.captured == 2 and drafter.eager == 4
@@ -211,8 +215,8 @@ def test_recordings_past_the_buffers_part_draft_eagerly_with_one_warning(drafter
     assert drafter.eager == 7 and drafter._graph_device.captured == 2
 
 
-def test_a_pool_past_its_estimate_stops_recording(drafter):
-    drafter._graph_budget = GraphMemoryBudget(30 * MiB, 100 * MiB)
+def test_a_pool_past_the_reservation_stops_recording(drafter):
+    drafter._graph_budget = GraphMemoryBudget(30 * MiB, 5 * MiB)
     drafter.propose(**_call_kwargs(4))  # grows 40 MiB: past the 30 MiB estimated
     drafter.propose(**_call_kwargs(2))
     assert drafter._graph_device.captured == 1
