@@ -20,7 +20,6 @@
 #include "cpu_linear_packed.h"
 
 #include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -157,8 +156,9 @@ void tile_scalar(int64_t rows, const float* x, int64_t ldx, const void* panel, i
     }
 }
 
-// Rows [r0, r0 + mb) against panels [p, p + np): equal tiles of at most max_rows(np) rows
-// (13 rows: 7 + 6, not 12 + 1). Which chains share a tile never changes any chain.
+// Rows [r0, r0 + mb) against panels [p, p + np): near-equal tiles of at most max_rows(np) rows
+// (13 rows on two panels: 5 + 5 + 3, not 6 + 6 + 1). Which chains share a tile never changes
+// any chain.
 template <bool BF16>
 void panel_group(int64_t np, const float* x, int64_t ldx, int64_t r0, int64_t mb, int64_t K,
                  const void* panel, int64_t panel_bytes, int64_t n0, int64_t N, const float* bias,
