@@ -14,8 +14,7 @@ Factors are kept per batch-size bucket (powers of two) and draft length: what th
 misses grows with the batch differently for plain and drafting steps. Only steady steps are
 used: every request decoding (no prefill chunk) and the step verifying as many drafts as it
 asks for, which is the step the table describes. A length not yet timed at a bucket borrows
-the mean factor of the bucket's drafting lengths (for a drafting length), else of all its
-timed lengths, else 1. Factors
+the mean factor of the drafting lengths that were (a probe times length 1), else 1. Factors
 are clipped to ``[MIN_FACTOR, MAX_FACTOR]`` and each sample to the same range, so one stalled
 step (a page fault, another process) moves nothing much.
 """
@@ -61,13 +60,11 @@ class StepCostCalibration:
         bucket = batch_bucket(num_reqs)
         if self.samples.get((bucket, k), 0) >= MIN_SAMPLES:
             return _clip(self.factors[(bucket, k)])
-        # Not timed enough yet: borrow from the bucket's other lengths (drafting ones first
-        # for a drafting length), so that what the table misses for every step (the engine's
-        # own work) is not charged to the timed lengths only. Nothing timed: the table as is.
-        here = {j: f for (b, j), f in self.factors.items() if b == bucket}
-        drafting = [f for j, f in here.items() if j > 0]
-        pool = drafting if k > 0 and drafting else list(here.values())
-        return _clip(sum(pool) / len(pool)) if pool else 1.0
+        if k > 0:
+            drafting = [f for (b, j), f in self.factors.items() if b == bucket and j > 0]
+            if drafting:
+                return _clip(sum(drafting) / len(drafting))
+        return 1.0
 
 
 class CalibratedCost:
