@@ -16,7 +16,6 @@ from collections import Counter
 from typing import Sequence
 
 from specdec_plugin.adaptive.acceptance import AcceptanceSettings, AcceptanceTracker
-from specdec_plugin.adaptive.calibration import CalibratedCost, StepCostCalibration
 from specdec_plugin.adaptive.cost_model import CostTable
 from specdec_plugin.adaptive.policy import choose_draft_length
 from specdec_plugin.log import init_logger
@@ -33,9 +32,6 @@ class DraftLengthController:
                  settings: AcceptanceSettings | None = None):
         self.max_k = max_k
         self.cost = cost
-        # The table as corrected by the steps the engine ran (calibration.py says why).
-        self.calibration = StepCostCalibration()
-        self._calibrated = CalibratedCost(cost, self.calibration)
         self.allowed = tuple(sorted(set(allowed))) if allowed is not None else tuple(range(max_k + 1))
         self.tracker = AcceptanceTracker(settings or AcceptanceSettings(max_k=max_k))
         self.last_k: int | None = None
@@ -53,15 +49,10 @@ class DraftLengthController:
     def forget(self, req_id: str) -> None:
         self.tracker.forget(req_id)
 
-    def observe_step(self, num_reqs: int, k: int, seconds: float) -> None:
-        """The wall time of a steady decode step of ``num_reqs`` requests drafting ``k``."""
-        self.calibration.record(num_reqs, k, seconds, self.cost.step_time(num_reqs, k))
-
 
     def choose(self, req_ids: Sequence[str]) -> int:
         self.tracker.end_step()
-        decision = choose_draft_length(self.tracker.batch_rates(req_ids), self._calibrated,
-                                       self.allowed)
+        decision = choose_draft_length(self.tracker.batch_rates(req_ids), self.cost, self.allowed)
         k = decision.k
         if k == 0:
             self._plain_steps += 1
@@ -79,13 +70,10 @@ class DraftLengthController:
             rates = self.tracker.engine_rates()
             logger.info(
                 "specdec_plugin: adaptive drafting %s: %d draft tokens per step at batch %d "
-                "(acceptance per position %s; expected tokens/s by length %s; measured "
-                "step time / start-up table by length %s)",
+                "(acceptance per position %s; expected tokens/s by length %s)",
                 "off" if k == 0 else "on", k, len(req_ids),
                 "/".join(f"{r:.2f}" for r in rates),
                 ", ".join(f"{kk}: {v:.3g}" for kk, v in decision.tokens_per_s.items()),
-                ", ".join(f"{kk}: {self.calibration.factor(len(req_ids), kk):.2f}"
-                          for kk in self.allowed),
             )
         elif k != self.last_k:
             logger.debug("specdec_plugin: adaptive drafting %d -> %d tokens", self.last_k, k)

@@ -12,12 +12,9 @@ async scheduler as base where async scheduling is on.
 """
 from __future__ import annotations
 
-import time
-
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from specdec_plugin.adaptive.calibration import steady_decode_step
 from specdec_plugin.adaptive.controller import DraftLengthController
 from specdec_plugin.adaptive.cost_model import CostTable, fallback_table
 from specdec_plugin.adaptive.handoff import read_cost_table
@@ -58,7 +55,6 @@ class AdaptiveSchedulerMixin:
         cost = load_cost_table(self.vllm_config, has_drafter_model)
         self.draft_controller = DraftLengthController(self.num_spec_tokens, cost)
         self.dynamic_sd_lookup = _AskController(self)
-        self._last_output_at: float | None = None
         logger.info("specdec_plugin: adaptive drafting on (K=%d, lengths %s, %s step costs); "
                     "SPECDEC_ADAPTIVE=0 turns it off", self.num_spec_tokens,
                     list(self.draft_controller.allowed), cost.source)
@@ -67,15 +63,6 @@ class AdaptiveSchedulerMixin:
         return self.draft_controller.choose([req.request_id for req in self.running])
 
     def update_from_output(self, scheduler_output, model_runner_output):
-        # One step's wall time: from the previous step's result to this one's. A step after
-        # an idle engine starts a new request (a prefill), which steady_decode_step skips.
-        now = time.perf_counter()
-        previous, self._last_output_at = self._last_output_at, now
-        step = steady_decode_step(scheduler_output.num_scheduled_tokens,
-                                  scheduler_output.scheduled_spec_decode_tokens,
-                                  scheduler_output.num_spec_tokens_to_schedule)
-        if previous is not None and step is not None:
-            self.draft_controller.observe_step(*step, now - previous)
         # Device n-gram (method ngram_gpu): draft slots the runner trimmed because the match
         # drafted fewer count as vLLM's invalid spec tokens, as if never drafted, which is what
         # the host index reports (spec_decode/ngram_device.py, NgramTrimReportMixin).
