@@ -179,7 +179,9 @@ class DrafterGraphs:
                                              self.draft_model_config.get_vocab_size())
         block_size = config.cache_config.block_size or 16
         max_blocks = -(-self.max_model_len // block_size)
-        static = static_input_bytes(shape, self._target_hidden_width(), self.dtype, max_blocks)
+        # The drafter's own hidden buffer may be the wider one (the budget covers either).
+        width = max(self._target_hidden_width(), self.hidden_size)
+        static = static_input_bytes(shape, width, self.dtype, max_blocks)
         self._graph_budget = GraphMemoryBudget.for_largest_shape(working_set, static)
         limit = self._graph_budget.limit
         logger.info("specdec_plugin: %.0f MiB held back from the KV cache for drafter graphs "
@@ -195,8 +197,8 @@ class DrafterGraphs:
         if self.method == "eagle3" and getattr(self, "eagle3_use_aux_hidden_state", True):
             layers = getattr(self.draft_model_config.hf_config,
                              "eagle_aux_hidden_state_layer_ids", None) or (0, 1, 2)
-            return max(len(layers) * target, self.hidden_size)
-        return max(target, self.hidden_size)
+            return len(layers) * target
+        return target
 
     @staticmethod
     def _reserved_bytes() -> int:
@@ -263,15 +265,10 @@ class DrafterGraphs:
             return None
         from specdec_plugin.ops.registry import get_kernel
 
-        target = self.vllm_config.model_config.get_hidden_size()
-        width = target
-        if self.method == "eagle3" and getattr(self, "eagle3_use_aux_hidden_state", True):
-            layers = getattr(self.draft_model_config.hf_config,
-                             "eagle_aux_hidden_state_layer_ids", None) or (0, 1, 2)
-            width = len(layers) * target
         query_len = 1 + self.speculative_config.num_speculative_tokens
         return PaddedDraftInputs(
-            self.max_batch_size, query_len, width, self.dtype, -(-self.max_model_len // self.block_size),
+            self.max_batch_size, query_len, self._target_hidden_width(), self.dtype,
+            -(-self.max_model_len // self.block_size),
             self.max_model_len, self.device,
             get_kernel("pad_drafter_batch", self._graph_device.kernel_providers))
 
