@@ -12,6 +12,7 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 from specdec_plugin.spec_decode import drafter_graphs
 from specdec_plugin.spec_decode.drafter_graphs import DrafterGraphs
 from specdec_plugin.spec_decode.drafter_padding import request_buckets
+from specdec_plugin.spec_decode.graph_memory import GraphMemoryBudget
 
 K, HIDDEN, BLOCK, MAX_LEN = 3, 8, 16, 512
 
@@ -165,3 +166,18 @@ def test_static_k_records_only_k(drafter, monkeypatch):
     monkeypatch.setattr(drafter_graphs, "adaptive_enabled", lambda config: False)
     drafter.prerecord_graphs()
     assert {key[1] for key in drafter._draft_graphs} == {K}
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_shared_buffers_are_charged_once_even_when_recordings_are_refused(drafter, monkeypatch, fits):
+    """The padded buffers exist once recording starts, so the budget holds them from then on:
+    with room for them alone every graph records (none charges them again); with no room, no
+    graph records (before: the first was refused and the rest went through uncharged)."""
+    monkeypatch.setattr(DrafterGraphs, "_reserved_bytes", staticmethod(lambda: 0))
+    buffers = drafter._padding().nbytes()
+    drafter._graph_budget = GraphMemoryBudget(0, buffers if fits else buffers - 1)
+    drafter.prerecord_graphs()
+    recorded = len(request_buckets(8)) * (K + 1) if fits else 0
+    assert drafter._graph_device.captured == recorded
+    assert drafter._graph_budget.static_used == buffers
+    assert drafter._graph_budget.recordings == recorded

@@ -150,6 +150,7 @@ class DrafterGraphs:
         # this drafter's steps are never padded.
         self._padded_inputs: PaddedDraftInputs | None | bool = None
         self._prerecording = False
+        self._padded_buffers_charged = False
 
     def _device_for_graphs(self, device):
         config = self.vllm_config
@@ -292,13 +293,16 @@ class DrafterGraphs:
         return entry.draft_token_ids[:num_reqs].clone()
 
     def _record_padded(self, inputs: PaddedDraftInputs, k: int, padded: int) -> _DraftGraph | None:
-        # The buffers are charged to the first padded recording; later ones share them.
-        first = not any(isinstance(key[0], str) for key in self._draft_graphs)
+        # The padded graphs share one buffer set, made before any of them: it is charged once,
+        # here, whether or not this recording is then allowed (the memory is held either way).
+        if not self._padded_buffers_charged and self._graph_budget is not None:
+            self._graph_budget.charge_buffers(inputs.nbytes())
+            self._padded_buffers_charged = True
         inputs.fill(None, padded)  # fillers only: nothing is written to the KV cache
         vllm_propose = super().propose
         return self._capture(("padded", k, padded),
                              lambda: vllm_propose(**inputs.propose_kwargs(padded, k)),
-                             inputs.nbytes() if first else 0, [], padded, padded * inputs.query_len)
+                             0, [], padded, padded * inputs.query_len)
 
     def draft_lengths_to_record(self) -> list[int]:
         """The draft lengths a step may ask for: every one up to K where the adaptive

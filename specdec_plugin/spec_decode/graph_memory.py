@@ -107,6 +107,10 @@ class GraphMemoryBudget:
     def allows(self, static_bytes: int) -> bool:
         return self.used + static_bytes <= self.limit
 
+    def charge_buffers(self, nbytes: int) -> None:
+        """Input buffers made outside any one recording (the padded graphs share one set)."""
+        self.static_used += int(nbytes)
+
     def charge(self, grown: int, static_bytes: int) -> None:
         """``grown``: what the allocator reserved across the recording (buffers included)."""
         self.static_used += static_bytes
