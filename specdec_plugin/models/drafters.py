@@ -55,10 +55,11 @@ def _check_kind(kind: str) -> None:
         raise ValueError(f"unknown drafter kind {kind!r}; expected one of {KINDS}")
 
 
-def shipped_files(kind: str) -> tuple[Path, Path]:
-    """(weights, config) as shipped for ``kind``."""
+def shipped_files(kind: str, assets_dir: str | Path | None = None) -> tuple[Path, Path]:
+    """(weights, config) as shipped for ``kind`` (or as laid out under ``assets_dir``, e.g. a
+    freshly trained set not installed yet: ``training/eval_acceptance.py``)."""
     _check_kind(kind)
-    folder = ASSETS_DIR / kind
+    folder = (Path(assets_dir) if assets_dir is not None else ASSETS_DIR) / kind
     if kind == "mtp":
         return folder / MTP_WEIGHTS, folder / MTP_CONFIG
     return folder / "model.safetensors", folder / "config.json"
@@ -88,11 +89,11 @@ def dequantize_tensors(tensors: dict, metadata: dict | None) -> dict:
     return out
 
 
-def load_shipped_tensors(kind: str) -> dict:
+def load_shipped_tensors(kind: str, assets_dir: str | Path | None = None) -> dict:
     """The shipped weights of ``kind`` under vLLM's names, matrices dequantized to bf16."""
     from safetensors import safe_open
 
-    weights, _ = shipped_files(kind)
+    weights, _ = shipped_files(kind, assets_dir)
     with safe_open(str(weights), "pt") as handle:
         metadata = handle.metadata()
         tensors = {name: handle.get_tensor(name) for name in handle.keys()}
@@ -105,11 +106,11 @@ def _copy_tokenizer(target_dir: Path, out_dir: Path) -> None:
             shutil.copyfile(target_dir / name, out_dir / name)
 
 
-def _build_plain(kind: str, target_dir: Path, out_dir: Path) -> None:
+def _build_plain(kind: str, target_dir: Path, out_dir: Path, assets_dir=None) -> None:
     from safetensors.torch import save_file
 
-    _, config = shipped_files(kind)
-    save_file(load_shipped_tensors(kind), str(out_dir / "model.safetensors"),
+    _, config = shipped_files(kind, assets_dir)
+    save_file(load_shipped_tensors(kind, assets_dir), str(out_dir / "model.safetensors"),
               metadata={"format": "pt"})
     shutil.copyfile(config, out_dir / "config.json")
     if kind == "draft_model":
@@ -135,11 +136,11 @@ def mimo_config(target_config: dict, mtp_config: dict) -> dict:
     return config
 
 
-def _build_mtp(target_dir: Path, out_dir: Path) -> None:
+def _build_mtp(target_dir: Path, out_dir: Path, assets_dir=None) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    _, config_path = shipped_files("mtp")
+    _, config_path = shipped_files("mtp", assets_dir)
     target_config = json.loads((target_dir / "config.json").read_text())
     tensors = load_file(str(target_dir / "model.safetensors"))
     dtype = tensors["model.embed_tokens.weight"].dtype
@@ -151,7 +152,7 @@ def _build_mtp(target_dir: Path, out_dir: Path) -> None:
     # The MTP model owns an lm_head parameter and vLLM insists every parameter is loaded;
     # the target ties it to the embedding, so store a copy.
     tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
-    for name, tensor in load_shipped_tensors("mtp").items():
+    for name, tensor in load_shipped_tensors("mtp", assets_dir).items():
         tensors[name] = tensor.to(dtype)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config = mimo_config(target_config, json.loads(config_path.read_text()))
@@ -159,37 +160,41 @@ def _build_mtp(target_dir: Path, out_dir: Path) -> None:
     _copy_tokenizer(target_dir, out_dir)
 
 
-def drafter_checkpoint(kind: str, cache_dir: str | Path | None = None) -> Path:
+def drafter_checkpoint(kind: str, cache_dir: str | Path | None = None,
+                       assets_dir: str | Path | None = None) -> Path:
     """A complete, vLLM-loadable checkpoint directory for ``kind`` (built once, then cached).
 
     For "mtp" the directory is a whole MiMo model: pass it as the target ``model`` too.
+    ``assets_dir``: drafters laid out as the shipped assets are, somewhere else (give them their
+    own ``cache_dir`` too, or they replace the shipped ones' checkpoint in the cache).
     """
     _check_kind(kind)
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
     out = root / CACHE_SUBDIR / kind
-    weights, config = shipped_files(kind)
+    weights, config = shipped_files(kind, assets_dir)
     marker = f"{CHECKPOINT_BUILD_VERSION}-{sha256_of(weights)[:32]}-{sha256_of(config)[:32]}"
     if read_marker(out) == marker:
         return out
     target_dir = fetch_smollm2()
     if kind == "mtp":
-        build_atomically(out, marker, lambda tmp: _build_mtp(target_dir, tmp))
+        build_atomically(out, marker, lambda tmp: _build_mtp(target_dir, tmp, assets_dir))
     else:
-        build_atomically(out, marker, lambda tmp: _build_plain(kind, target_dir, tmp))
+        build_atomically(out, marker, lambda tmp: _build_plain(kind, target_dir, tmp, assets_dir))
     return out
 
 
-def speculative_config(kind: str, num_speculative_tokens: int = 3) -> dict:
+def speculative_config(kind: str, num_speculative_tokens: int = 3, cache_dir=None,
+                       assets_dir=None) -> dict:
     """vLLM ``speculative_config`` for ``kind`` (pair it with ``target_for(kind)``)."""
     _check_kind(kind)
     if kind == "mtp":
         # The draft is read from the target checkpoint itself (MiMo carries its MTP layer).
         return {"method": "mtp", "num_speculative_tokens": num_speculative_tokens}
-    return {"method": kind, "model": str(drafter_checkpoint(kind)),
+    return {"method": kind, "model": str(drafter_checkpoint(kind, cache_dir, assets_dir)),
             "num_speculative_tokens": num_speculative_tokens}
 
 
-def target_for(kind: str) -> Path:
+def target_for(kind: str, cache_dir=None, assets_dir=None) -> Path:
     """The target checkpoint to serve with ``kind``: SmolLM2, or its MiMo build for "mtp"."""
     _check_kind(kind)
-    return drafter_checkpoint("mtp") if kind == "mtp" else fetch_smollm2()
+    return drafter_checkpoint("mtp", cache_dir, assets_dir) if kind == "mtp" else fetch_smollm2()
