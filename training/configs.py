@@ -37,10 +37,12 @@ _COMMON = {
 }
 
 
-def draft_model_config() -> dict:
-    return {**_COMMON, "architectures": ["LlamaForCausalLM"], "hidden_size": DRAFT_HIDDEN,
-            "intermediate_size": DRAFT_INTER, "num_hidden_layers": DRAFT_LAYERS,
-            "num_attention_heads": DRAFT_HEADS, "num_key_value_heads": DRAFT_KV_HEADS,
+def draft_model_config(hidden: int = DRAFT_HIDDEN, layers: int = DRAFT_LAYERS,
+                       inter: int = DRAFT_INTER, heads: int = DRAFT_HEADS) -> dict:
+    # Heads of the target's width (64); KV heads stay 3 x 64, the target's KV page size.
+    return {**_COMMON, "architectures": ["LlamaForCausalLM"], "hidden_size": hidden,
+            "intermediate_size": inter, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": DRAFT_KV_HEADS,
             "head_dim": TARGET["head_dim"], "tie_word_embeddings": True}
 
 
@@ -73,18 +75,25 @@ CONFIGS = {"draft_model": draft_model_config, "eagle": eagle_config,
            "eagle3": eagle3_config, "mtp": mtp_config}
 
 
-def build_draft_model(target_embedding: torch.Tensor):
-    """Small Llama whose tied embedding starts as the target's, projected on its top PCs."""
+def llama_from_config(config: dict):
+    """A float32 transformers Llama built from one of our draft-model config dicts."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = {k: v for k, v in draft_model_config().items()
+    cfg = {k: v for k, v in config.items()
            if k not in ("architectures", "model_type", "rope_theta", "torch_dtype", "dtype")}
-    model = LlamaForCausalLM(LlamaConfig(**cfg)).float()
+    return LlamaForCausalLM(LlamaConfig(**cfg)).float()
+
+
+def build_draft_model(target_embedding: torch.Tensor, config: dict | None = None):
+    """Small Llama whose tied embedding starts as the target's, projected on its top PCs."""
+    config = config or draft_model_config()
+    model = llama_from_config(config)
+    width = config["hidden_size"]
     emb = target_embedding.float()
     centered = emb - emb.mean(0, keepdim=True)
     # Top right-singular vectors via the small d x d covariance.
     _, vecs = torch.linalg.eigh(centered.T @ centered)
-    proj = vecs[:, -DRAFT_HIDDEN:]
+    proj = vecs[:, -width:]
     with torch.no_grad():
         init = emb @ proj
         # Same direction as the target's rows, at the usual init scale (std 0.02).

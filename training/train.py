@@ -71,13 +71,58 @@ def head_inputs(b, emb_weight):
     return inputs, emb_next, valid, b["post"][:, 1:]
 
 
+def head_loss(head, b, emb_weight, steps, autocast, feature_weight=0.0):
+    """Chained (training-time test) soft-CE loss of one EAGLE-1 / EAGLE-3 / MTP head on batch
+    ``b`` (``slice_batch``'s keys): step j weighs 0.8**j; returns (loss, per-step CE)."""
+    inputs, emb_next, valid, target_feat = head_inputs(b, emb_weight)
+    vocab_ids = getattr(head, "vocab_ids", None)
+    with torch.no_grad(), autocast():
+        probs = torch.softmax(F.linear(target_feat, emb_weight).float(), -1)
+        if vocab_ids is not None:
+            probs = probs[..., vocab_ids]
+            probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-6)
+    with autocast():
+        outs = run_chain(head, inputs, emb_next, emb_weight, steps)
+        loss, parts = 0.0, []
+        q = torch.arange(valid.shape[1], device=valid.device)[None, :]
+        for j, (feat, logits) in enumerate(outs):
+            mask = valid * (q >= j).float()
+            ce = soft_ce(logits, probs, mask)
+            part = ce
+            if feature_weight:
+                reg = F.smooth_l1_loss(feat.float(), target_feat.float(), reduction="none")
+                reg = (reg.mean(-1) * mask).sum() / mask.sum().clamp(min=1)
+                part = reg + feature_weight * ce
+            loss = loss + (0.8 ** j) * part
+            parts.append(ce)
+    return loss, parts
+
+
+def draft_loss(model, b, emb_weight, autocast):
+    """Soft CE of the draft model to the target's distribution at every real position."""
+    x = b["tokens"]
+    q = torch.arange(x.shape[1], device=x.device)[None, :]
+    mask = (q < b["lengths"][:, None]).float()
+    with torch.no_grad(), autocast():
+        probs = torch.softmax(F.linear(b["post"], emb_weight).float(), -1)
+    with autocast():
+        logits = model(input_ids=x).logits
+        return soft_ce(logits, probs, mask)
+
+
+def optimizer_step(opt, params, loss) -> None:
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+
+
 def train_head(kind, head, data, rows, emb_weight, budget_s, steps, lr, batch_size, norm_fn,
                autocast, log, feature_weight=0.0):
     """EAGLE-1 / EAGLE-3 / MTP head, ``steps``-deep chained training, soft CE per step."""
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     batches = Batches(data, rows, batch_size, seed=1)
-    vocab_ids = getattr(head, "vocab_ids", None)
     t_start, step, history = time.time(), 0, []
     while True:
         elapsed = time.time() - t_start
@@ -86,30 +131,8 @@ def train_head(kind, head, data, rows, emb_weight, budget_s, steps, lr, batch_si
         for group in opt.param_groups:
             group["lr"] = lr_at(lr, step, elapsed / budget_s)
         b = slice_batch(data, batches.next(), norm_fn)
-        inputs, emb_next, valid, target_feat = head_inputs(b, emb_weight)
-        with torch.no_grad(), autocast():
-            probs = torch.softmax(F.linear(target_feat, emb_weight).float(), -1)
-            if vocab_ids is not None:
-                probs = probs[..., vocab_ids]
-                probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-6)
-        with autocast():
-            outs = run_chain(head, inputs, emb_next, emb_weight, steps)
-            loss, parts = 0.0, []
-            q = torch.arange(valid.shape[1], device=valid.device)[None, :]
-            for j, (feat, logits) in enumerate(outs):
-                mask = valid * (q >= j).float()
-                ce = soft_ce(logits, probs, mask)
-                part = ce
-                if feature_weight:
-                    reg = F.smooth_l1_loss(feat.float(), target_feat.float(), reduction="none")
-                    reg = (reg.mean(-1) * mask).sum() / mask.sum().clamp(min=1)
-                    part = reg + feature_weight * ce
-                loss = loss + (0.8 ** j) * part
-                parts.append(ce)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        loss, parts = head_loss(head, b, emb_weight, steps, autocast, feature_weight)
+        optimizer_step(opt, params, loss)
         if step % 50 == 0:
             history.append((step, round(time.time() - t_start, 1), [round(p.item(), 4) for p in parts]))
             log(f"{kind}: step {step} t={history[-1][1]}s soft-CE per chain step {history[-1][2]}")
@@ -132,18 +155,8 @@ def train_draft_model(model, data, rows, emb_weight, budget_s, lr, batch_size, n
         for group in opt.param_groups:
             group["lr"] = lr_at(lr, step, elapsed / budget_s)
         b = slice_batch(data, batches.next(), norm_fn)
-        x = b["tokens"]
-        q = torch.arange(x.shape[1], device=x.device)[None, :]
-        mask = (q < b["lengths"][:, None]).float()
-        with torch.no_grad(), autocast():
-            probs = torch.softmax(F.linear(b["post"], emb_weight).float(), -1)
-        with autocast():
-            logits = model(input_ids=x).logits
-            loss = soft_ce(logits, probs, mask)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        loss = draft_loss(model, b, emb_weight, autocast)
+        optimizer_step(opt, params, loss)
         if step % 50 == 0:
             history.append((step, round(time.time() - t_start, 1), round(loss.item(), 4)))
             log(f"draft_model: step {step} t={history[-1][1]}s soft-CE {history[-1][2]}")

@@ -21,6 +21,9 @@ DEFAULT_ASSETS = Path(__file__).resolve().parent.parent / "specdec_plugin/assets
 def unpack(out_dir: Path, assets: Path) -> None:
     for kind in ("draft_model", "eagle", "eagle3", "mtp"):
         src = out_dir / f"{kind}.safetensors"
+        if not src.exists():
+            print(f"{kind}: no {src.name} in {out_dir}, skipped")
+            continue
         with safe_open(str(src), "pt") as handle:
             config = json.loads(handle.metadata()["config"])
         dest = assets / kind
