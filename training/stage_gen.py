@@ -1,0 +1,224 @@
+"""Stage gen: SmolLM2 answers many prompts through vLLM on our platform; token shards out.
+
+    python -m training.stage_gen --data /root/specdec_data --deadline-s 540
+
+The target runs in vLLM's ``LLM`` engine, which picks up our platform plugin (CUDA on the
+GPU machine, CPU here): requests stream into the engine (``LLMEngine.add_request`` / ``step``)
+so that a batch of ``--max-num-seqs`` stays full until the deadline, when the requests still
+running are aborted (their partial answers are dropped) and the last shard is written.
+
+Per prompt: one greedy answer, plus ``--chat-samples`` (chat) or ``--other-samples`` (the rest)
+answers sampled at T=0.7. Held-out prompts (``prompt_sources.is_heldout``) are never trained
+on: ``--heldout-count`` of them are answered greedily first into ``heldout.npz`` (agreement
+measured by the training stage). Training jobs are interleaved by ``SHARES`` so that any
+prefix of the work is a mix of every category. ``gen_summary.json`` records the sizes and the
+generation throughput (generated tokens per second of engine time).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from training.prompt_sources import CATEGORIES, build_all, is_heldout, stable_hash
+from training.shards import HELDOUT_NAME, ShardWriter
+
+T0 = time.time()
+END_TOKENS = [2, 0]  # <|im_end|>, <|endoftext|>
+# Share of training sequences per category while every category still has work left.
+SHARES = {"chat": 0.4, "code": 0.25, "code_chat": 0.2, "prose": 0.15}
+
+
+def log(message: str) -> None:
+    print(f"[gen {time.time() - T0:6.1f}s] {message}", flush=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", type=Path, help="target checkpoint (default: fetch_smollm2())")
+    p.add_argument("--data", type=Path, required=True, help="where the shards go")
+    p.add_argument("--deadline-s", type=float, default=540.0, help="whole stage, from start")
+    p.add_argument("--stop-margin-s", type=float, default=8.0, help="kept for the last shard")
+    p.add_argument("--max-files", type=int, default=8000, help="python files sampled for prompts")
+    p.add_argument("--prompt-budget-s", type=float, default=40.0)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--humaneval", type=Path)
+    p.add_argument("--limit-prompts", type=int, help="smoke runs: this many training prompts")
+    p.add_argument("--heldout-count", type=int, default=256)
+    p.add_argument("--chat-samples", type=int, default=3)
+    p.add_argument("--other-samples", type=int, default=1)
+    p.add_argument("--max-new", type=int, default=256)
+    p.add_argument("--max-prompt", type=int, default=768)
+    p.add_argument("--max-num-seqs", type=int, default=512)
+    p.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument("--dtype", default="auto", help="auto: bfloat16 on a GPU, float32 on CPU")
+    p.add_argument("--shard-tokens", type=int, default=1_000_000)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--allow-native", action="store_true", help="run on vLLM's own platform too")
+    return p.parse_args(argv)
+
+
+def render(prompts, tokenizer, max_prompt: int) -> list[dict]:
+    """Token ids per prompt; chat prompts in SmolLM2's template (half with its default system
+    prompt, half bare, as the GPU test prompts are written); too-long prompts dropped."""
+    texts = []
+    for p in prompts:
+        if not p["chat"]:
+            texts.append(p["text"])
+        elif stable_hash(p["name"]) % 2:
+            texts.append(tokenizer.apply_chat_template([{"role": "user", "content": p["text"]}],
+                                                       tokenize=False, add_generation_prompt=True))
+        else:
+            texts.append(f"<|im_start|>user\n{p['text']}<|im_end|>\n<|im_start|>assistant\n")
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [dict(p, ids=i) for p, i in zip(prompts, ids) if 0 < len(i) <= max_prompt]
+
+
+def training_jobs(prompts, chat_samples: int, other_samples: int) -> list[tuple[dict, bool]]:
+    """(prompt, greedy) jobs, interleaved by SHARES: job j of a category is placed at j/share."""
+    keyed = []
+    for cat in CATEGORIES:
+        jobs = []
+        for p in (p for p in prompts if p["category"] == cat):
+            n = chat_samples if cat == "chat" else other_samples
+            jobs += [(p, True)] + [(p, False)] * n
+        keyed += [(j / SHARES[cat], cat, job) for j, job in enumerate(jobs)]
+    keyed.sort(key=lambda t: (t[0], t[1]))
+    return [job for _, _, job in keyed]
+
+
+def heldout_jobs(prompts, count: int) -> list[tuple[dict, bool]]:
+    by_cat = {c: [p for p in prompts if p["category"] == c] for c in CATEGORIES}
+    out, i = [], 0
+    while len(out) < count and any(i < len(v) for v in by_cat.values()):
+        out += [(v[i], True) for v in by_cat.values() if i < len(v)]
+        i += 1
+    return out[:count]
+
+
+def run_jobs(llm, jobs, writer: ShardWriter, args, stop_at: float, shard_tokens: int) -> dict:
+    """Stream ``jobs`` through the engine until done or ``stop_at``; write what finishes."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    common = dict(max_tokens=args.max_new, stop_token_ids=END_TOKENS)
+    greedy_params = SamplingParams(temperature=0.0, **common)
+    sampled_params = SamplingParams(temperature=0.7, top_p=1.0, **common)
+    in_flight, next_job, gen_tokens, finished = {}, 0, 0, 0
+    window = 2 * args.max_num_seqs
+    t_start = time.time()
+    last_log = t_start
+    aborted = 0
+    while True:
+        now = time.time()
+        if now >= stop_at:
+            aborted = len(in_flight)
+            if in_flight:
+                engine.abort_request(list(in_flight))
+            break
+        while len(in_flight) < window and next_job < len(jobs):
+            prompt, greedy = jobs[next_job]
+            rid = f"j{next_job}"
+            engine.add_request(rid, {"prompt_token_ids": prompt["ids"]},
+                               greedy_params if greedy else sampled_params)
+            in_flight[rid] = jobs[next_job]
+            next_job += 1
+        if not in_flight:
+            break
+        for out in engine.step():
+            if not out.finished:
+                continue
+            prompt, greedy = in_flight.pop(out.request_id)
+            answer = list(out.outputs[0].token_ids)
+            writer.add(prompt["ids"] + answer, len(prompt["ids"]), greedy,
+                       CATEGORIES.index(prompt["category"]))
+            gen_tokens += len(answer)
+            finished += 1
+        if writer.pending_tokens >= shard_tokens:
+            writer.flush()
+        if time.time() - last_log > 20:
+            last_log = time.time()
+            rate = gen_tokens / (last_log - t_start)
+            log(f"  {finished} done, {len(in_flight)} running, {gen_tokens} generated tokens, "
+                f"{rate:.0f} tok/s")
+    wall = time.time() - t_start
+    return {"jobs_total": len(jobs), "jobs_started": next_job, "finished": finished,
+            "aborted_at_deadline": aborted, "generated_tokens": gen_tokens,
+            "wall_s": round(wall, 1), "generated_tokens_per_s": round(gen_tokens / max(wall, 1e-9), 1)}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.data.mkdir(parents=True, exist_ok=True)
+    import torch
+    from transformers import AutoTokenizer
+
+    model = args.model
+    if model is None:
+        from specdec_plugin.models import fetch_smollm2
+
+        model = fetch_smollm2()
+    cuda = torch.cuda.is_available()
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if cuda else "float32")
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+
+    prompts = build_all(args.max_files, args.humaneval, workers=args.workers,
+                        budget_s=args.prompt_budget_s, log=log)
+    prompts = render(prompts, tokenizer, args.max_prompt)
+    held = [p for p in prompts if is_heldout(p["name"])]
+    train = [p for p in prompts if not is_heldout(p["name"])]
+    if args.limit_prompts:
+        train = train[: args.limit_prompts]
+    jobs = training_jobs(train, args.chat_samples, args.other_samples)
+    hjobs = heldout_jobs(held, args.heldout_count)
+    log(f"{len(train)} training prompts -> {len(jobs)} jobs; {len(held)} held out "
+        f"({len(hjobs)} answered for evaluation)")
+
+    from vllm import LLM
+    from vllm.platforms import current_platform
+
+    t_engine = time.time()
+    engine_kwargs = dict(dtype=dtype, max_model_len=args.max_prompt + args.max_new + 8, seed=0,
+                         max_num_seqs=args.max_num_seqs,
+                         max_num_batched_tokens=args.max_num_batched_tokens,
+                         enable_prefix_caching=True, enforce_eager=args.enforce_eager)
+    if cuda:
+        engine_kwargs["gpu_memory_utilization"] = args.gpu_memory_utilization
+    llm = LLM(model=str(model), **engine_kwargs)
+    engine_start = time.time() - t_engine
+    if not type(current_platform).__module__.startswith("specdec_plugin") and not args.allow_native:
+        raise SystemExit(f"vLLM runs on {type(current_platform).__name__}, not our plugin's "
+                         "platform: install the plugin (pip install -e .) or pass --allow-native")
+    log(f"engine up in {engine_start:.1f}s on {type(current_platform).__name__} ({dtype})")
+
+    stop_at = T0 + args.deadline_s - args.stop_margin_s
+    held_writer = ShardWriter(args.data, prefix="heldout")
+    held_stats = run_jobs(llm, hjobs, held_writer, args, stop_at, shard_tokens=1 << 62)
+    held_writer.flush(HELDOUT_NAME)
+    log(f"held-out answers: {held_stats}")
+    writer = ShardWriter(args.data, prefix="train")
+    stats = run_jobs(llm, jobs, writer, args, stop_at, args.shard_tokens)
+    writer.flush()
+    log(f"training answers: {stats}")
+
+    summary = {
+        "platform": type(current_platform).__name__, "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "dtype": dtype, "model": str(model), "engine": {k: v for k, v in engine_kwargs.items()},
+        "engine_start_s": round(engine_start, 1),
+        "prompts": {"training": len(train), "heldout": len(held),
+                    "by_category": {c: sum(p["category"] == c for p in train) for c in CATEGORIES}},
+        "heldout": held_stats, "train": stats,
+        "train_shards": {"sequences": writer.written_sequences, "tokens": writer.written_tokens},
+        "total_s": round(time.time() - T0, 1),
+    }
+    (args.data / "gen_summary.json").write_text(json.dumps(summary, indent=1))
+    log(f"done: {summary['train_shards']} in {summary['total_s']}s, "
+        f"{stats['generated_tokens_per_s']} generated tok/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
