@@ -163,10 +163,10 @@ def main(argv=None) -> int:
         model = fetch_smollm2()
     cuda = torch.cuda.is_available()
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if cuda else "float32")
-    tokenizer = AutoTokenizer.from_pretrained(str(model))
-
+    # Prompts first: the worker processes fork before any tokenizer thread pool exists.
     prompts = build_all(args.max_files, args.humaneval, workers=args.workers,
                         budget_s=args.prompt_budget_s, log=log)
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
     prompts = render(prompts, tokenizer, args.max_prompt)
     held = [p for p in prompts if is_heldout(p["name"])]
     train = [p for p in prompts if not is_heldout(p["name"])]
