@@ -53,6 +53,7 @@ def parse_args(argv=None):
     p.add_argument("--data", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--init", type=Path, help="resume from these weights (see drafter_io.py)")
+    p.add_argument("--fresh", default="", help="comma list of kinds not to resume from --init")
     p.add_argument("--model", type=Path, help="target checkpoint (default: fetch_smollm2())")
     p.add_argument("--deadline-s", type=float, default=540.0)
     p.add_argument("--reserve-s", type=float, default=40.0, help="kept for eval + export")
@@ -88,7 +89,8 @@ def build_drafters(args, target, vocab_ids_fresh, shape, log):
                                            args.draft_inter, args.draft_heads)
     out = {}
     for kind in args.kinds.split(","):
-        module = load_for_resume(args.init, kind, draft_cfg, log)
+        fresh = kind in args.fresh.split(",")
+        module = None if fresh else load_for_resume(args.init, kind, draft_cfg, log)
         resumed = module is not None
         if module is None:
             if kind == "draft_model":
