@@ -104,3 +104,30 @@ def test_eval_serves_the_new_drafters_through_the_plugin(pipeline):
             assert entry["drafts"] > 0
             assert len(entry["accepted_per_position"]) == report["k"] == 4
             assert 1.0 <= entry["acceptance_length"] <= 5.0
+
+
+def test_streamed_target_features_equal_the_stored_capture(smollm2_path):
+    """The per-batch features stage_train recomputes are the ones the first pipeline stored:
+    residual stream after layers 2/15/27 (= transformers' hidden_states[k]) and the final one
+    before/after the last norm, on right-padded rows of different lengths."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from training.data import capture_hidden
+    from training.target_features import TargetFeatures, pad_rows
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
+    seqs = [list(range(100, 140)), list(range(200, 225))]
+    stored = capture_hidden(model, [{"tokens": s, "prompt_len": 5} for s in seqs], "cpu",
+                            torch.float32, 8, lambda _: None)
+    tokens, lengths = pad_rows([np.array(s) for s in seqs], "cpu")
+    streamed = TargetFeatures(model, torch.float32)(tokens, lengths, torch.tensor([5, 5]))
+    for key in ("pre", "aux"):
+        for row, s in enumerate(seqs):
+            assert torch.equal(streamed[key][row, :len(s)], stored[key][row, :len(s)]), key
+    with torch.no_grad():
+        ref = model(input_ids=tokens[:1], output_hidden_states=True).hidden_states
+    assert torch.allclose(streamed["post"][0], ref[-1][0], atol=1e-5)
+    for j, layer in enumerate((2, 15, 27)):
+        assert torch.allclose(streamed["aux"][0, :, 576 * j:576 * (j + 1)], ref[layer][0], atol=1e-5)
