@@ -48,6 +48,9 @@ def parse_args(argv=None):
     p.add_argument("--parallel", type=int, default=0, help="engines at once (0: 4 on GPU, 1 CPU)")
     p.add_argument("--work", type=Path, help="checkpoints are built here (default: a temp dir)")
     p.add_argument("--timeout-s", type=float, default=1200)
+    p.add_argument("--eager", action="store_true",
+                   help="no torch.compile / graphs: engines start much faster; graph replay "
+                        "equals eager in fp32 (GPU tests), bf16 may round differently")
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: one method's job, as JSON
     return p.parse_args(argv)
 
@@ -143,7 +146,7 @@ def main(argv=None) -> int:
     prompts = json.loads(args.prompts.read_text())
     cats = [c for c in (args.categories.split(",") if args.categories else prompts) if c in prompts]
     prompts = {c: [p["prompt_token_ids"] for p in prompts[c][: args.per_category]] for c in cats}
-    engine = {"dtype": dtype, "max_model_len": 2048}
+    engine = {"dtype": dtype, "max_model_len": 2048, "enforce_eager": args.eager}
     if cuda:
         engine.update(gpu_memory_utilization=0.15, kv_cache_memory_bytes=2 << 30)
     jobs = {}
@@ -157,7 +160,7 @@ def main(argv=None) -> int:
         futures = {k: pool.submit(run_subprocess, job, args.timeout_s) for k, job in jobs.items()}
         results = {k: f.result() for k, f in futures.items()}
     report = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": dtype,
-              "k": args.k, "mtp_k": args.mtp_k, "max_tokens": args.max_tokens,
+              "k": args.k, "mtp_k": args.mtp_k, "max_tokens": args.max_tokens, "eager": args.eager,
               "drafters": str(args.drafters or "shipped assets"), "prompts_file": args.prompts.name,
               "prompts_per_category": {c: len(v) for c, v in prompts.items()},
               "total_s": round(time.time() - t0, 1), "methods": results}
