@@ -317,6 +317,7 @@ class DrafterGraphs:
         if inputs is None:
             return
         start, count = time.perf_counter(), 0
+        inputs.compile_kernel_variants()
         self._prerecording = True
         try:
             for padded in reversed(inputs.buckets):

@@ -99,13 +99,21 @@ class PaddedDraftInputs:
                   cad.query_start_loc, cad.seq_lens, cad.block_table_tensor, cad.slot_mapping,
                   *outputs, query_len=self.query_len, fake_position=self.max_model_len - 1)
 
-    def _no_requests(self) -> dict[str, Any]:
+    def compile_kernel_variants(self) -> None:
+        """Launch the pad kernel now in both variants serving uses: vLLM passes the sampled
+        indices and rejected counts on most steps and None on some (a compile in the middle of
+        serving stalls that step; seen on the H100, 2026-11-25)."""
+        for optional_inputs in (False, True):
+            self.fill(self._no_requests(optional_inputs), 1)
+
+    def _no_requests(self, optional_inputs: bool = False) -> dict[str, Any]:
         empty = self.token_ids[:0]
         cad = SimpleNamespace(query_start_loc=self.query_start_loc[:1], seq_lens=empty,
                               block_table_tensor=self.block_table[:0], slot_mapping=self.slot_mapping[:0])
         return {"target_token_ids": empty, "target_positions": self.positions[:0],
                 "target_hidden_states": self.hidden_states[:0], "next_token_ids": empty,
-                "token_indices_to_sample": None, "num_rejected_tokens_gpu": None,
+                "token_indices_to_sample": empty if optional_inputs else None,
+                "num_rejected_tokens_gpu": empty if optional_inputs else None,
                 "common_attn_metadata": cad}
 
     def propose_kwargs(self, padded_reqs: int, k: int) -> dict[str, Any]:

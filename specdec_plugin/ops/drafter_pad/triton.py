@@ -15,7 +15,9 @@ _BLOCK_H = 256
 _BLOCK_W = 128
 
 
-@triton.jit
+# num_reqs is the live batch (1 at batch 1): not specialised, so the variant compiled at start-up
+# serves every batch size.
+@triton.jit(do_not_specialize=["num_reqs"])
 def _pad_drafter_batch_kernel(
     ids_ptr, pos_ptr, hidden_ptr, hidden_stride, next_ptr, tis_ptr, rej_ptr, qsl_ptr,
     seq_ptr, bt_ptr, bt_stride, slot_ptr,

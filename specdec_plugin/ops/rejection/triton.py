@@ -41,7 +41,8 @@ def _store_prefix_and_bonus(
         tl.store(out_row_ptr + num_drafts, bonus.to(tl.int32))
 
 
-@triton.jit
+# out_stride follows the step's draft length, which adaptive drafting changes: not specialised.
+@triton.jit(do_not_specialize=["out_stride"])
 def _greedy_kernel(
     out_ptr, out_stride, cu_ptr, draft_ptr, argmax_ptr, bonus_ptr, is_greedy_ptr,
     uniform_ptr, rates_ptr,
@@ -70,7 +71,7 @@ def _greedy_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["out_stride"])  # as _greedy_kernel
 def _random_kernel(
     out_ptr, out_stride, cu_ptr, draft_ptr, draft_probs_ptr, target_probs_ptr, bonus_ptr,
     recovered_ptr, uniform_ptr, is_greedy_ptr, rates_ptr, vocab_size,

@@ -24,7 +24,9 @@ from specdec_plugin.ops.spec_prep.validate import (
 _BLOCK = 128
 
 
-@triton.jit
+# num_tokens changes every step: one compiled variant for all of its values (a value of 1, at
+# batch 1, would otherwise compile a variant of its own in the middle of serving).
+@triton.jit(do_not_specialize=["num_tokens"])
 def _slot_mapping_kernel(
     slot_ptr, qsl_ptr, pos_ptr, bt_ptr, bt_stride, bt_width, block_size, pad_id, num_tokens,
     KV_BLOCK: tl.constexpr, BLOCKS_PER_KV_BLOCK: tl.constexpr, CP_SIZE: tl.constexpr,
@@ -142,7 +144,8 @@ def eagle_prepare_inputs_padded(
     )
 
 
-@triton.jit
+# The sampled width is 1 on adaptive drafting's plain steps and 1+K otherwise: not specialised.
+@triton.jit(do_not_specialize=["sampled_stride", "num_cols"])
 def _next_token_padded_kernel(
     sampled_ptr, sampled_stride, discard_ptr, backup_ptr, next_ptr, count_ptr, vocab_size,
     num_cols, BLOCK: tl.constexpr,
