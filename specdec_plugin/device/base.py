@@ -28,6 +28,9 @@ class DeviceLayer:
     # vLLM extension modules the platform imports in import_kernels (no compute kernels).
     vllm_extensions: ClassVar[tuple[str, ...]] = ()
     supports_graphs: ClassVar[bool] = False
+    # Its kernels compile on first launch (Triton): the runner launches each variant serving
+    # needs during engine start (worker/kernel_warmup.py) so no live step stalls on a compile.
+    compiles_kernels_at_first_use: ClassVar[bool] = False
     # Method "ngram" matches on the device (ops/ngram_match over the runner's device-resident
     # token histories, vLLM's "ngram_gpu" path, which async scheduling overlaps with the step)
     # rather than in the C++ index on the host (spec_decode/ngram_device.py).

@@ -26,6 +26,7 @@ class NpuDevice(DeviceLayer):
     kernel_providers: ClassVar[tuple[str, ...]] = ("triton", "torch")
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)
     supports_graphs: ClassVar[bool] = False  # ACL graphs: not wired up yet
+    compiles_kernels_at_first_use: ClassVar[bool] = True  # triton-ascend (not run: no NPU here)
     pin_memory: ClassVar[bool] = True
     install_hint: ClassVar[str] = "torch_npu with the CANN toolkit"
 

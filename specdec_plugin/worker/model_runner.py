@@ -7,17 +7,23 @@ proposers are built by the parent constructor itself (patch P7 says why).
 """
 from __future__ import annotations
 
+import time
+
 import torch
 from vllm.config import VllmConfig
 from vllm.platforms import current_platform
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from specdec_plugin.adaptive.graphs import AdaptiveGraphsMixin
+from specdec_plugin.log import init_logger
 
 from specdec_plugin.spec_decode.ngram_device import NgramTrimReportMixin
 from specdec_plugin.spec_decode.rejection_sampler import SpecDecRejectionSampler
 from specdec_plugin.spec_decode.runner_drafters import install_drafter
+from specdec_plugin.worker.kernel_warmup import compile_attention_variants
 from specdec_plugin.worker.memory_accounting import reserve_attention_workspaces
+
+logger = init_logger(__name__)
 
 
 class SpecDecModelRunner(AdaptiveGraphsMixin, NgramTrimReportMixin, GPUModelRunner):
@@ -51,6 +57,13 @@ class SpecDecModelRunner(AdaptiveGraphsMixin, NgramTrimReportMixin, GPUModelRunn
         if prerecord is not None:
             with torch.inference_mode():
                 prerecord()
+        if self.device_layer.compiles_kernels_at_first_use:
+            # And the attention variants that only eager steps reach (worker/kernel_warmup.py).
+            start = time.perf_counter()
+            with torch.inference_mode():
+                launches = compile_attention_variants(self)
+            logger.info("specdec_plugin: %d attention kernel variants launched at start-up "
+                        "(%.1f s)", launches, time.perf_counter() - start)
         return graph_bytes
 
     def _sync_device(self) -> None:

@@ -255,6 +255,15 @@ def _tile_shape(max_query_len: int, group: int, head_pad: int, dtype: torch.dtyp
     return group_pad, block_q, block_m, block_n
 
 
+def variant_query_lengths(num_q_heads: int, num_kv_heads: int) -> tuple[int, ...]:
+    """One ``max_query_len`` per query-tile class (decode, verification, the largest single
+    tile): with a long and a short ``plan_seq_len`` each, they launch every variant serving
+    needs (worker/kernel_warmup.py compiles them at engine start)."""
+    group_pad = triton.next_power_of_2(max(1, num_q_heads // num_kv_heads))
+    largest_q = max(1, _MAX_BLOCK_M // group_pad)
+    return tuple(sorted({1, min(2, largest_q), largest_q}))
+
+
 def _choose_splits(base_programs: int, block_m: int, max_seq_len: int, device_index: int,
                    min_keys_per_split: int = _MIN_KEYS_PER_SPLIT) -> int:
     per_sm = _PROGRAMS_PER_SM_SMALL_TILE if block_m <= 16 else _PROGRAMS_PER_SM
