@@ -18,10 +18,13 @@ def _extensions():
     # -fopenmp: at::parallel_for is a header template that runs serially unless the including
     # file is compiled with OpenMP (ATen/ParallelOpenMP.h); the runtime is the libgomp torch
     # already loaded (same soname), so torch.set_num_threads governs our kernels too.
+    # -ffp-contract=off: a*b+c stays a multiply and an add unless the source says fma (in
+    # AVX-512 target code GCC would otherwise fuse them), so kernels compute what they say.
     ext = CppExtension(
         name="specdec_plugin._C",
         sources=sources,
-        extra_compile_args=["-O3", "-std=c++17", "-fopenmp"],
+        depends=sorted(glob.glob(os.path.join("csrc", "*.h"))),  # a header edit rebuilds
+        extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off"],
         extra_link_args=["-fopenmp"],
     )
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=False)}

@@ -163,7 +163,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // is released: the kernels touch no Python state.
   m.def("cpu_paged_attention", &specdec::cpu_paged_attention, py::arg("query"), py::arg("key_cache"),
         py::arg("value_cache"), py::arg("block_table"), py::arg("query_start_loc"),
-        py::arg("seq_lens"), py::arg("scale"), py::arg("out"),
+        py::arg("seq_lens"), py::arg("scale"), py::arg("out"), py::arg("vectorized") = true,
         py::call_guard<py::gil_scoped_release>());
   m.def("cpu_reshape_and_cache", &specdec::cpu_reshape_and_cache, py::arg("key"), py::arg("value"),
         py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"),
