@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu_attention.h"
+#include "cpu_layer_ops.h"
 #include "cpu_linear_packed.h"
 #include "ngram_index.h"
 #include "suffix_tree.h"
@@ -174,4 +175,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("out_features"), py::arg("bias") = py::none(), py::arg("portable") = false,
         py::call_guard<py::gil_scoped_release>());
   m.def("cpu_linear_packed_vectorized", &specdec::cpu_linear_packed_vectorized);
+
+  // RMSNorm, rotary and SiLU-and-mul of a CPU decoder layer (ops/{rms_norm,rotary,activation}/cpp.py).
+  m.def("cpu_rms_norm", &specdec::cpu_rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"),
+        py::arg("residual"), py::arg("out"), py::arg("residual_out"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("cpu_rotary", &specdec::cpu_rotary, py::arg("positions"), py::arg("query"), py::arg("key"),
+        py::arg("cos_sin_cache"), py::arg("head_size"), py::arg("rotary_dim"), py::arg("is_neox"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("cpu_silu_and_mul", &specdec::cpu_silu_and_mul, py::arg("x"),
+        py::call_guard<py::gil_scoped_release>());
 }

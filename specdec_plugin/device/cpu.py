@@ -1,5 +1,6 @@
-"""The CPU: C++ attention kernels (csrc/cpu_attention.cpp), pure-torch references for the
-rest, no graphs, no pinned memory, no async scheduling.
+"""The CPU: C++ kernels for attention, the KV write, the linear layers and the norm / rotary /
+activation ops (csrc/), pure-torch references for the rest, no graphs, no pinned memory, no
+async scheduling.
 
 It runs with the normal (CUDA) vLLM and torch wheels on a machine without a GPU, where vLLM's
 Triton kernels are placeholders and ``torch.cuda``/``torch.accelerator`` have no device.
@@ -23,6 +24,8 @@ class CpuDevice(DeviceLayer):
     device_control_env_var: ClassVar[str] = "SPECDEC_CPU_VISIBLE_DEVICES"
     # Attention and the KV write in C++ (csrc/cpu_attention.cpp): the torch reference spends
     # more on per-layer indexing than on arithmetic here (BENCHMARKS.md, CPU step profile).
+    # RMSNorm, rotary and SiLU-and-mul too (csrc/cpu_layer_ops.cpp): one call per op per layer
+    # instead of ~8-10 small torch ops, whose dispatch is most of their cost at batch 1.
     # Linear layers and the LM head on weights packed once at load (patch P11, ops/linear): our
     # C++ kernel on bfloat16 panels where the weights are bfloat16 values, oneDNN otherwise
     # (linear_packing); torch's F.linear reads the unpacked weights at about half the rate.

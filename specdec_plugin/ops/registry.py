@@ -102,18 +102,22 @@ KERNELS: dict[str, dict[str, str]] = {
         "cpp": f"{_OPS}.linear.cpp:linear",
         "torch_widened": f"{_OPS}.linear.widened_reference:linear",
     },
-    # model layers: vLLM's RMSNorm / RotaryEmbedding / SiluAndMul (ops/custom_ops.py)
+    # model layers: vLLM's RMSNorm / RotaryEmbedding / SiluAndMul (ops/custom_ops.py); cpp:
+    # one C++ call each on the CPU (csrc/cpu_layer_ops.cpp)
     "rms_norm": {
         "torch": f"{_OPS}.rms_norm.reference:rms_norm",
         "triton": f"{_OPS}.rms_norm.triton:rms_norm",
+        "cpp": f"{_OPS}.rms_norm.cpp:rms_norm",
     },
     "rotary_embedding": {
         "torch": f"{_OPS}.rotary.reference:apply_rotary",
         "triton": f"{_OPS}.rotary.triton:apply_rotary",
+        "cpp": f"{_OPS}.rotary.cpp:apply_rotary",
     },
     "silu_and_mul": {
         "torch": f"{_OPS}.activation.reference:silu_and_mul",
         "triton": f"{_OPS}.activation.triton:silu_and_mul",
+        "cpp": f"{_OPS}.activation.cpp:silu_and_mul",
     },
 }
 
