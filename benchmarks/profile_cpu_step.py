@@ -47,7 +47,8 @@ def _hook_modules(model) -> None:
         "Attention": "attention (layer incl. KV write)",
     }
     for module in model.modules():
-        kind = kinds.get(type(module).__name__)
+        # Our out-of-tree layers are named SpecDec<vLLM class> (ops/custom_ops.py).
+        kind = kinds.get(type(module).__name__.removeprefix("SpecDec"))
         if kind is None and "RotaryEmbedding" in type(module).__name__:
             kind = "rotary"
         if kind is None:
@@ -107,12 +108,16 @@ def main() -> None:
     _wrap(attn_impl.SpecDecAttentionImpl, "do_kv_cache_update", "fwd/kv cache write")
 
     engine = json.loads(args.engine)
-    spec = None
+    spec, target = None, str(fetch_smollm2())
     if args.method == "ngram":
         spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
     elif args.method == "suffix":
         spec = {"method": "suffix", "num_speculative_tokens": 3}
-    llm = LLM(model=str(fetch_smollm2()), dtype=engine.pop("dtype", "float32"), max_model_len=1024,
+    elif args.method != "none":  # eagle3, draft_model, ...: the side-by-side benchmark's configs
+        from bench_spec_cpu import spec_configs
+
+        target, spec = spec_configs(str(fetch_smollm2()))[args.method]
+    llm = LLM(model=target, dtype=engine.pop("dtype", "float32"), max_model_len=1024,
               enable_prefix_caching=False, max_num_seqs=8, seed=0, speculative_config=spec,
               **engine)
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
