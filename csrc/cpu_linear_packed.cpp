@@ -20,6 +20,8 @@
 #include "cpu_linear_packed.h"
 
 #include <ATen/Parallel.h>
+
+#include "cpu_work_pool.h"
 #include <immintrin.h>
 
 #include <algorithm>
@@ -31,6 +33,10 @@ namespace specdec {
 namespace {
 
 constexpr int64_t kPanel = 32;   // output columns per panel (2 zmm registers)
+// How long the linear layers' helper threads spin for the next call before they sleep: longer
+// than the gaps between a decode step's linear layers (norm, rotary, attention: 10-150 us at
+// batch 1), far shorter than what a spinning thread could cost a busy neighbour.
+constexpr int64_t kDefaultSpinUs = 100;
 
 #define SPECDEC_AVX512 __attribute__((target("avx512f")))
 
@@ -181,38 +187,53 @@ void panel_group(int64_t np, const float* x, int64_t ldx, int64_t r0, int64_t mb
   }
 }
 
+struct LinearCall {
+  const float* x;
+  int64_t ldx, M, K;
+  const void* w;
+  int64_t N;
+  const float* bias;
+  float* y;
+  int64_t ldy;
+  bool vec;
+  int64_t panels, panel_bytes, block;
+};
+
+// One chunk: the output columns of panel pair q (panels 2q, 2q+1), every row.
+template <bool BF16>
+void pair_chunk(void* ctx, int64_t q) {
+  const LinearCall& c = *static_cast<const LinearCall*>(ctx);
+  const int64_t p = 2 * q, np = std::min<int64_t>(2, c.panels - p);
+  const void* panel = static_cast<const char*>(c.w) + p * c.panel_bytes;
+  for (int64_t m0 = 0; m0 < c.M; m0 += c.block)
+    panel_group<BF16>(np, c.x, c.ldx, m0, std::min(c.block, c.M - m0), c.K, panel, c.panel_bytes,
+                      p * kPanel, c.N, c.bias, c.y, c.ldy, c.vec);
+}
+
 template <bool BF16>
 void run(const float* x, int64_t ldx, int64_t M, int64_t K, const void* w, int64_t N,
-         const float* bias, float* y, int64_t ldy, bool vec) {
+         const float* bias, float* y, int64_t ldy, bool vec, int64_t min_parallel_macs) {
   const int64_t panels = (N + kPanel - 1) / kPanel;
-  const int64_t panel_bytes = K * kPanel * (BF16 ? 2 : 4);
-  // Rows per cache block: the block's activations (rows x K floats) stay in L2 while every panel
-  // of the thread's range streams past them once.
+  // Rows per cache block: a block's activations (rows x K floats) stay in L2 while the pair's
+  // panels stream past them.
   const int64_t block = std::max<int64_t>(12, (262144 / std::max<int64_t>(K * 4, 1)) / 12 * 12);
-  // Small products stay on the calling thread: waking the passively waiting OpenMP pool
-  // (OMP_WAIT_POLICY=PASSIVE, as the engine runs) cost more than it saved below about 6M
-  // multiply-adds (bench_cpu_linear.py, 2 cores: one token through qkv/o/gate_up/down, or 4-8
-  // through qkv/o, were faster on one thread; the LM head and 4+ token MLPs on two).
+  LinearCall call{x, ldx, M, K, w, N, bias, y, ldy, vec, panels, K * kPanel * (BF16 ? 2 : 4),
+                  block};
   const int64_t pairs = (panels + 1) / 2;
-  const int64_t grain = M * N * K < 6000000 ? pairs : 1;
-  at::parallel_for(0, pairs, grain, [&](int64_t q0, int64_t q1) {
-    const int64_t p0 = 2 * q0, p1 = std::min(panels, 2 * q1);
-    for (int64_t m0 = 0; m0 < M; m0 += block) {
-      const int64_t mb = std::min(block, M - m0);
-      for (int64_t p = p0; p < p1; p += 2) {
-        const int64_t np = std::min<int64_t>(2, p1 - p);
-        const void* panel = static_cast<const char*>(w) + p * panel_bytes;
-        panel_group<BF16>(np, x, ldx, m0, mb, K, panel, panel_bytes, p * kPanel, N, bias, y,
-                          ldy, vec);
-      }
-    }
-  });
+  // Tiny products stay on the calling thread (cpu_work_pool.cpp: helpers are cheap to reach
+  // while they spin, not free). Chunks are panel pairs, claimed one at a time.
+  if (M * N * K < min_parallel_macs) {
+    for (int64_t q = 0; q < pairs; ++q) pair_chunk<BF16>(&call, q);
+  } else {
+    pool_run(pairs, &pair_chunk<BF16>, &call);
+  }
 }
 
 }  // namespace
 
 at::Tensor cpu_linear_packed(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
-                             const c10::optional<at::Tensor>& bias, bool portable) {
+                             const c10::optional<at::Tensor>& bias, bool portable,
+                             int64_t min_parallel_macs) {
   // Checked here as well as in ops/linear/cpp.py: this is raw pointer arithmetic.
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1,
               "cpu_linear_packed: x must be a 2-D float32 tensor with contiguous rows");
@@ -233,12 +254,16 @@ at::Tensor cpu_linear_packed(const at::Tensor& x, const at::Tensor& packed, int6
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0) return y;
   const bool vec = !portable && cpu_has_avx512();
+  // The helper threads follow torch's thread count (SPECDEC_CPU_THREADS sets it in the engine).
+  const int64_t threads = at::get_num_threads();
+  if (!pool_configured() || pool_threads() != threads)
+    pool_configure(threads, pool_configured() ? pool_spin_us() : kDefaultSpinUs);
   if (packed.scalar_type() == at::kBFloat16)
     run<true>(x.data_ptr<float>(), x.stride(0), M, K, packed.data_ptr(), N, b,
-              y.data_ptr<float>(), N, vec);
+              y.data_ptr<float>(), N, vec, min_parallel_macs);
   else
     run<false>(x.data_ptr<float>(), x.stride(0), M, K, packed.data_ptr(), N, b,
-               y.data_ptr<float>(), N, vec);
+               y.data_ptr<float>(), N, vec, min_parallel_macs);
   return y;
 }
 

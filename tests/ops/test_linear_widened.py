@@ -9,7 +9,8 @@ reference like every provider; this file holds it to its stricter promises:
   bfloat16 checkpoint has them, odd shapes (N not a multiple of 16 or 32, K odd) and M = 0;
 - bit-exact row invariance: row i alone (M = 1) equals row i inside M = 2..40, wherever it sits,
   with and without bias, on one thread and two, on shapes small enough to stay on one thread and
-  large enough to be split over two;
+  large enough to be split over two; the same bits whichever helper thread (cpu_work_pool.cpp)
+  computes a column, helpers awake or asleep, and with two callers at once;
 - the portable path (CPUs without AVX-512) gives the AVX-512 path's bits.
 
 An unbuilt checkout compiles csrc/ on first use (SPECDEC_JIT_BUILD, as tests/test_suffix_tree.py).
@@ -114,6 +115,56 @@ def test_one_and_two_threads_agree():
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two), f"seed {SEED}"
+
+
+@pytest.mark.parametrize("spin_us", [0, 100])
+def test_helper_threads_give_the_same_bits(spin_us):
+    """The linear layers share their panels out to helper threads (csrc/cpu_work_pool.cpp),
+    claimed one pair at a time: whichever thread computes a column, its bits are the same. With
+    spin_us 0 every call finds the helpers asleep and must wake them (or do the work alone)."""
+    ext = _ext()
+    before, spin_before = torch.get_num_threads(), ext.cpu_pool_spin_us()
+    cases = [_case(m, n, k, salt=100 + m + n, with_bias=bool(m % 2))
+             for m, n, k in [(1, 960, 576), (1, 3072, 576), (4, 576, 1536), (13, 49152 // 8, 576)]]
+    packed = [cpp.pack_linear_weight(w, torch.bfloat16) for _, w, _ in cases]
+    try:
+        torch.set_num_threads(1)
+        one = [cpp.linear(x, p, b) for (x, _, b), p in zip(cases, packed)]
+        for threads in (2, 3):
+            torch.set_num_threads(threads)
+            ext.cpu_pool_configure(threads, spin_us)
+            for _ in range(3):  # helpers asleep (spin 0) or spinning from the previous call
+                for (x, _, b), p, want in zip(cases, packed, one):
+                    assert torch.equal(cpp.linear(x, p, b), want), f"seed {SEED}: {threads} threads"
+    finally:
+        torch.set_num_threads(before)
+        ext.cpu_pool_configure(before, spin_before)
+
+
+def test_concurrent_callers_each_get_their_own_result():
+    """Two Python threads calling at once (the kernel releases the GIL): one runs on the pool,
+    the other on its own thread; neither sees the other's chunks."""
+    import threading
+
+    x1, w1, b1 = _case(3, 3072, 576, salt=11)
+    x2, w2, b2 = _case(5, 576, 1536, salt=12)
+    p1, p2 = cpp.pack_linear_weight(w1, torch.bfloat16), cpp.pack_linear_weight(w2, torch.bfloat16)
+    want1, want2 = cpp.linear(x1, p1, b1), cpp.linear(x2, p2, b2)
+    failures = []
+
+    def call(x, p, b, want, tag):
+        for _ in range(200):
+            if not torch.equal(cpp.linear(x, p, b), want):
+                failures.append(tag)
+                return
+
+    threads = [threading.Thread(target=call, args=(x1, p1, b1, want1, "first")),
+               threading.Thread(target=call, args=(x2, p2, b2, want2, "second"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, f"seed {SEED}: wrong results in the {failures} caller"
 
 
 @pytest.mark.parametrize("pack_dtype", PACK_DTYPES)
