@@ -11,7 +11,7 @@ argmax of that: on the CPU about 5% of an EAGLE-3 step went there (BENCHMARKS.md
 What: the argmax over the draft-vocabulary logits, the same ones ``compute_logits`` starts from
 (the model's own ``logits_processor(lm_head, hidden)``, which all-gathers the vocabulary shards
 under tensor parallelism), mapped to its target id. No host sync and no data-dependent shape,
-so it records into our drafter graphs as it runs eagerly on the CPU.
+so our drafter graphs can record it; on the CPU it runs eagerly.
 
 Same drafts: the widened row holds the draft logits at their target ids and -inf elsewhere, so
 its maximum is the draft row's. On a tie the full-vocabulary argmax picks the lowest target
