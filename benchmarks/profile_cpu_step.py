@@ -6,7 +6,7 @@ The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and 
 timed by wrapping them (perf_counter around the call, nested parts subtracted by the reader):
 the engine step, the scheduler, input preparation, the model forward and, inside it, each
 module type (attention, linear layers, norms, rotary, activation, embedding), the logits, the
-sampler and the proposer. Wrappers cost about a microsecond each, not a profiler's overhead,
+sampler and the proposer (the drafter's greedy sampling, LM head included, apart). Wrappers cost about a microsecond each, not a profiler's overhead,
 so the totals match an unwrapped run to a few percent. Prints ms per engine step.
 """
 from __future__ import annotations
@@ -123,6 +123,10 @@ def main() -> None:
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
     _hook_modules(runner.model)
     _wrap(runner.model, "compute_logits", "fwd/logits (lm head)")
+    drafter = getattr(runner, "drafter", None)
+    if hasattr(drafter, "_greedy_sample"):  # EAGLE-family and draft-model proposers
+        # The drafter's LM head and argmax per draft token (inside the proposer's time).
+        _wrap(drafter, "_greedy_sample", "drafter greedy sample (lm head + argmax)")
     tok = llm.get_tokenizer()
     prompts = [TokensPrompt(prompt_token_ids=tok(p).input_ids) for p in PROMPTS[: args.batch]]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens,

@@ -50,6 +50,7 @@ from specdec_plugin.log import init_logger
 
 from specdec_plugin import envs
 from specdec_plugin.adaptive.config import adaptive_enabled
+from specdec_plugin.spec_decode.draft_vocab import greedy_draft_tokens, local_argmax_applies
 from specdec_plugin.spec_decode.drafter_padding import PaddedDraftInputs
 from specdec_plugin.spec_decode.graph_memory import (
     GraphMemoryBudget,
@@ -129,7 +130,8 @@ def _copy_into(static: list[torch.Tensor], live: list[torch.Tensor]) -> None:
 
 class DrafterGraphs:
     """Mixin for vLLM's V1 drafters (``SpecDecodeBaseProposer`` subclasses): replays ``propose``
-    from graphs where it can (see the module doc). Put it before vLLM's class in the bases."""
+    from graphs where it can (see the module doc), and takes greedy drafts over a draft vocabulary
+    without widening it (draft_vocab.py). Put it before vLLM's class in the bases."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -151,6 +153,8 @@ class DrafterGraphs:
         self._padded_inputs: PaddedDraftInputs | None | bool = None
         self._prerecording = False
         self._padded_buffers_charged = False
+        # Set at load_model: greedy drafts argmax over the draft vocabulary (draft_vocab.py).
+        self._local_draft_argmax = False
 
     def _device_for_graphs(self, device):
         config = self.vllm_config
@@ -218,6 +222,29 @@ class DrafterGraphs:
         return False
 
     # ---- vLLM's hooks ----
+    def load_model(self, target_model) -> None:
+        super().load_model(target_model)
+        # Decided once here, where reading the draft map from the device is allowed (inside a
+        # graph recording it would not be).
+        self._local_draft_argmax = self._drafts_argmax_locally()
+        if self._local_draft_argmax:
+            logger.info("specdec_plugin: greedy drafts take the argmax over the drafter's "
+                        "%d-token vocabulary (not widened to the target's)",
+                        self.model.draft_id_to_target_id.numel())
+
+    def _drafts_argmax_locally(self) -> bool:
+        # vLLM's own options for the same sampling step win.
+        return (not self.use_local_argmax_reduction
+                and not getattr(self, "use_heterogeneous_vocab", False)
+                and local_argmax_applies(self.model))
+
+    def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # Greedy drafting only: vLLM calls this where the draft is not sampled; sampled drafts
+        # keep vLLM's compute_logits (they need the probabilities over the target vocabulary).
+        if self._local_draft_argmax:
+            return greedy_draft_tokens(self.model, hidden_states)
+        return super()._greedy_sample(hidden_states)
+
     def _determine_batch_execution_and_padding(self, num_tokens: int,
                                                use_cudagraphs: bool = True):
         if self._recording_graph:
