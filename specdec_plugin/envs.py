@@ -12,6 +12,10 @@
 - ``SPECDEC_DRAFTER_PADDING=0``: record EAGLE / EAGLE-3 / MTP drafter graphs per exact batch
   shape, the first time each shape is met while serving, instead of padding batches to a few
   shapes that are all recorded at engine start (spec_decode/drafter_padding.py). Default on.
+- ``SPECDEC_DEFER_DRAFTER_SYNC=0``: run the EAGLE / EAGLE-3 / MTP drafter's pass over the
+  new tokens on every step that drafts nothing (k = 0), as vLLM does, instead of deferring
+  those passes and running one pass over a request's deferred tokens when it next needs its
+  drafter (spec_decode/deferred_sync.py). Default on.
 - ``SPECDEC_ADAPTIVE=0``: draft K tokens every step, as vLLM does, instead of letting the
   adaptive controller choose 0..K per step from observed acceptance and measured step costs
   (default on; a user-given ``num_speculative_tokens_per_batch_size`` also turns it off).
@@ -66,6 +70,10 @@ def drafter_graphs() -> bool:
 
 def drafter_padding() -> bool:
     return os.environ.get("SPECDEC_DRAFTER_PADDING", "1").strip().lower() in _TRUE
+
+
+def defer_drafter_sync() -> bool:
+    return os.environ.get("SPECDEC_DEFER_DRAFTER_SYNC", "1").strip().lower() in _TRUE
 
 
 def jit_build() -> bool:

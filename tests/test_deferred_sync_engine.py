@@ -1,0 +1,113 @@
+"""Deferred drafter KV sync in a real engine (SmolLM2 + the shipped EAGLE-3 drafter, fp32, CPU).
+
+The same forced schedule of draft lengths (runs of k = 0 between drafting steps,
+tests/forced_draft_lengths.py) runs with deferral on and off, on more requests than fit in a
+batch, so requests join, leave and are reordered while tokens are kept. Every draft token
+must be the same: the deferred passes write the same drafter KV as vLLM's per-step ones (our
+CPU kernels compute each row independently of the rows beside it)."""
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+
+from tests.prompts import SPEC_PROMPTS
+from tests.spec_configs import K, spec_config
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = SPEC_PROMPTS[6:12]
+MAX_TOKENS = [40, 24, 48, 32, 40, 28]  # requests finish at different steps
+
+
+# Run in the engine's worker (LLM.collective_rpc).
+def _record_drafts(worker):
+    runner = worker.model_runner
+    drafter = runner.drafter
+    propose = type(drafter).propose
+    drafter.recorded = []
+
+    def recording(*args, **kwargs):
+        drafts = propose(drafter, *args, **kwargs)
+        k = kwargs.get("num_speculative_tokens", args[0] if args else None)
+        # Request ids are "<counter>-<random>": the counter names the same request in both
+        # engines.
+        ids = [req_id.split("-")[0] for req_id in runner.input_batch.req_ids]
+        drafter.recorded.append((k, ids, drafts.tolist()))
+        return drafts
+
+    drafter.propose = recording
+    return type(drafter).__name__
+
+
+def _recorded(worker):
+    drafter = worker.model_runner.drafter
+    sync = drafter._deferred_sync
+    counts = None if sync is None else (sync.deferred_steps, sync.flushes, sync.dropped_tokens)
+    return drafter.recorded, counts
+
+
+def _run(smollm2_path, defer: bool, prefix_caching: bool):
+    from vllm import LLM, SamplingParams
+
+    saved = {name: os.environ.get(name) for name in ("SPECDEC_DEFER_DRAFTER_SYNC",
+                                                      "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    os.environ["SPECDEC_DEFER_DRAFTER_SYNC"] = "1" if defer else "0"
+    # The engine in this process: every request is added before the first step, so both
+    # engines see the same batches (an engine process may start stepping after the first).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        llm = LLM(model=smollm2_path, dtype="float32", max_model_len=1024, seed=0,
+                  max_num_seqs=3, enable_prefix_caching=prefix_caching,
+                  speculative_config=spec_config("eagle3", smollm2_path),
+                  scheduler_cls="tests.forced_draft_lengths.ForcedDraftLengthScheduler")
+        try:
+            assert llm.collective_rpc(_record_drafts) == ["SpecDecEagleProposer"]
+            params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+                      for n in MAX_TOKENS]
+            outs = llm.generate(PROMPTS, params)
+            [(recorded, counts)] = llm.collective_rpc(_recorded)
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return [list(o.outputs[0].token_ids) for o in outs], recorded, counts
+
+
+@pytest.fixture(scope="module")
+def runs(smollm2_path):
+    # Prefix caching on: the flush before a KV block fills is exercised too.
+    return {defer: _run(smollm2_path, defer, prefix_caching=True) for defer in (True, False)}
+
+
+def test_drafts_are_the_same_with_deferral_on_and_off(runs):
+    tokens_on, recorded_on, counts_on = runs[True]
+    tokens_off, recorded_off, counts_off = runs[False]
+    assert counts_off is None  # SPECDEC_DEFER_DRAFTER_SYNC=0: no deferral built
+    deferred_steps, flushes, _ = counts_on
+    assert deferred_steps > 20 and flushes > 5, counts_on
+    assert tokens_on == tokens_off
+    # Same schedule, same batches, and every draft token equal.
+    assert [(k, ids) for k, ids, _ in recorded_on] == [(k, ids) for k, ids, _ in recorded_off]
+    drafting = [(i, d) for i, (k, _, d) in enumerate(recorded_off) if k > 0]
+    assert len(drafting) > 10
+    print(f"deferral on: {deferred_steps} steps deferred, {flushes} flushes, {counts_on[2]} "
+          f"tokens dropped; {len(drafting)} drafting steps of {len(recorded_off)} compared")
+    mismatched = [i for i, d in drafting if recorded_on[i][2] != d]
+    assert not mismatched, [(recorded_on[i], recorded_off[i]) for i in mismatched[:3]]
+
+
+def test_greedy_output_equals_no_speculation(runs, engines, smollm2_path):
+    from vllm import SamplingParams
+
+    plain = engines.get(smollm2_path, enable_prefix_caching=False)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    want = [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
+    assert runs[True][0] == want
