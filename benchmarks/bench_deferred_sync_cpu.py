@@ -18,6 +18,33 @@ import statistics
 import time
 
 
+# Run in each engine's worker (LLM.collective_rpc): time the drafter's propose calls, the
+# work deferral removes, apart from the rest of the step (less noisy than the wall clock of
+# whole steps on a shared machine).
+def _time_drafter(worker):
+    drafter = worker.model_runner.drafter
+    propose = type(drafter).propose
+    drafter.timing = [0.0, 0]
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return propose(drafter, *args, **kwargs)
+        finally:
+            drafter.timing[0] += time.perf_counter() - start
+            drafter.timing[1] += 1
+
+    drafter.propose = timed
+
+
+def _take_timing(worker):
+    drafter = worker.model_runner.drafter
+    seconds, calls = drafter.timing
+    drafter.timing = [0.0, 0]
+    sync = getattr(drafter, "_deferred_sync", None)
+    return seconds, calls, None if sync is None else (sync.deferred_steps, sync.flushes)
+
+
 def build(smollm2: str, spec: dict | None, defer: bool):
     from vllm import LLM
 
@@ -43,13 +70,18 @@ def main() -> None:
     smollm2 = str(fetch_smollm2())
     spec = {**speculative_config("eagle3", 3), "rejection_sample_method": "synthetic",
             "synthetic_acceptance_length": 1.0}
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # callables to the workers
     engines = {"plain": build(smollm2, None, False), "defer_off": build(smollm2, spec, False),
                "defer_on": build(smollm2, spec, True)}
+    for name in ("defer_off", "defer_on"):
+        engines[name].collective_rpc(_time_drafter)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     words = ["river", "market", "winter", "garden", "station", "letter", "harbor", "forest"]
     results = {}
     for batch in (int(b) for b in args.batch.split(",")):
         times = {name: [] for name in engines}
+        drafter_ms = {"defer_off": [], "defer_on": []}
+        stats = {}
         names = list(engines)
         for r in range(args.rounds + 1):  # round 0 warms up
             prompts = [f"Write a short story about a {words[(i + r) % len(words)]} "
@@ -57,10 +89,19 @@ def main() -> None:
             for name in names[r % 3:] + names[:r % 3]:
                 start = time.perf_counter()
                 engines[name].generate(prompts, params, use_tqdm=False)
+                if name in drafter_ms:
+                    [(seconds, calls, stats[name])] = engines[name].collective_rpc(_take_timing)
                 if r:
                     times[name].append((time.perf_counter() - start) / args.max_tokens * 1e3)
+                    if name in drafter_ms:
+                        drafter_ms[name].append(seconds / calls * 1e3)
         med = {name: statistics.median(t) for name, t in times.items()}
-        results[batch] = {"ms_per_step": times, "median": med}
+        drafter_med = {name: statistics.median(t) for name, t in drafter_ms.items()}
+        results[batch] = {"ms_per_step": times, "median": med, "drafter_ms_per_step": drafter_ms,
+                          "drafter_median": drafter_med, "defer_on_stats": stats["defer_on"]}
+        print(f"batch {batch}: drafter propose per step: " + ", ".join(
+            f"{name} {v:.3f} ms" for name, v in drafter_med.items())
+            + f"  (defer_on deferred steps, flushes so far: {stats['defer_on']})", flush=True)
         print(f"batch {batch}: " + ", ".join(
             f"{name} {med[name]:.2f} ms/step ({med[name] / med['plain']:.3f}x plain)"
             for name in engines) + "  rounds: " + json.dumps(

@@ -109,9 +109,9 @@ def _run(script, sync: DeferredDrafterSync | None):
     return kv, deferred
 
 
-def _sync(depth=DEPTH, block_size=16, prefix_caching=False, max_reqs=4):
+def _sync(depth=DEPTH, block_size=16, flush_before_block_fills=False, max_reqs=4):
     return DeferredDrafterSync(max_reqs, depth, WIDTH, torch.float32, torch.device("cpu"),
-                               block_size, prefix_caching)
+                               block_size, flush_before_block_fills)
 
 
 def test_deferred_passes_write_the_same_kv_as_every_step():
@@ -199,7 +199,7 @@ def test_more_requests_than_buffer_rows_are_not_deferred():
 
 @pytest.mark.parametrize("slack", [0, 2])
 def test_prefix_caching_flushes_before_a_block_fills(slack):
-    sync, kv = _sync(depth=8, block_size=4, prefix_caching=True), FakeDrafterKV()
+    sync, kv = _sync(depth=8, block_size=4, flush_before_block_fills=True), FakeDrafterKV()
     deferred = []
     for pos in range(1, 10):
         kwargs = _step_kwargs([("A", pos, 1)])
@@ -222,3 +222,39 @@ def test_buffers_are_sized_by_depth_and_width():
     assert sync.hidden.shape == (16 * 8, WIDTH)
     assert sync.nbytes() == 16 * 8 * (4 + 8 + 8 + 4 * WIDTH)
     assert np.all(sync._count == 0)
+
+
+def test_tail_blocks_cover_every_position_that_may_be_unwritten():
+    from specdec_plugin.spec_decode.deferred_sync import tail_block_ids
+
+    groups = ([10, 11, 12, 13], [20, 21, 22, 23])
+    # 50 tokens computed, blocks of 16: positions 38..49 lie in blocks 2 and 3.
+    assert tail_block_ids(groups, 50, 16, 12) == {12, 13, 22, 23}
+    assert tail_block_ids(groups, 50, 16, 2) == {13, 23}
+    assert tail_block_ids(groups, 48, 16, 1) == {12, 22}  # position 47 ends block 2
+    assert tail_block_ids(groups, 5, 16, 12) == {10, 20}
+    assert tail_block_ids(groups, 0, 16, 12) == set()
+    for n in range(1, 64):
+        for window in (1, 5, 13):
+            blocks = tail_block_ids(([*range(4)],), n, 16, window)
+            assert {p // 16 for p in range(max(n - window, 0), n)} == blocks
+
+
+def test_uncache_window_only_with_prefix_caching_and_an_eagle_drafter(monkeypatch):
+    from types import SimpleNamespace
+
+    from specdec_plugin.spec_decode.deferred_sync import DEFAULT_DEPTH, uncache_window
+
+    def config(method="eagle3", k=3, prefix=True):
+        spec = SimpleNamespace(use_eagle=lambda: method in ("eagle", "eagle3", "mtp"),
+                               num_speculative_tokens=k)
+        return SimpleNamespace(speculative_config=spec,
+                               cache_config=SimpleNamespace(enable_prefix_caching=prefix))
+
+    monkeypatch.delenv("SPECDEC_DEFER_DRAFTER_SYNC", raising=False)
+    assert uncache_window(config()) == DEFAULT_DEPTH + 3 + 1
+    assert uncache_window(config(k=10)) == 11 + 10 + 1
+    assert uncache_window(config(prefix=False)) is None
+    assert uncache_window(config(method="draft_model")) is None
+    monkeypatch.setenv("SPECDEC_DEFER_DRAFTER_SYNC", "0")
+    assert uncache_window(config()) is None

@@ -111,3 +111,105 @@ def test_greedy_output_equals_no_speculation(runs, engines, smollm2_path):
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
     want = [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
     assert runs[True][0] == want
+
+
+def _host_replay(smollm2_path: str, mode: str, defer: bool) -> tuple[dict, str]:
+    """One engine through tests/drafter_graphs_host_replay.py (drafter graphs emulated on the
+    host in ``emulate`` mode, as on a GPU), on the forced schedule."""
+    import json
+    import subprocess
+    import sys
+
+    job = {"backend": "ours", "model": smollm2_path,
+           "engine": {"dtype": "float32", "max_model_len": 1024,
+                      "speculative_config": spec_config("eagle3", smollm2_path),
+                      "scheduler_cls": "tests.forced_draft_lengths.ForcedDraftLengthScheduler"},
+           "prompts": PROMPTS[:4], "max_tokens": 40, "batches": [4], "repeats": 1,
+           "warmups": 0, "tokens": True}
+    env = dict(os.environ, SPECDEC_DEFER_DRAFTER_SYNC="1" if defer else "0")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "tests.drafter_graphs_host_replay",
+                           json.dumps(job), mode], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=900)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):]), proc.stdout + proc.stderr
+    raise AssertionError(f"{mode}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+
+
+def test_flushes_replayed_from_padded_graphs_draft_as_vllm_does(smollm2_path):
+    # With drafter graphs (emulated), a flush keeps at most 1+K tokens per request and replays
+    # the padded k = 0 graph: what a GPU runs. Against eager drafting without deferral.
+    graphed, log = _host_replay(smollm2_path, "emulate", defer=True)
+    eager, _ = _host_replay(smollm2_path, "eager", defer=False)
+    assert f"deferred (up to {K + 1} steps per request" in log
+    assert graphed["drafter_graphs"]["replayed"] > 0, graphed["drafter_graphs"]
+    want, have = eager["batches"]["4"], graphed["batches"]["4"]
+    assert have["token_ids"] == want["token_ids"]
+    assert have["spec"] == want["spec"] and want["spec"]["accepted"] > 0, (have["spec"], want["spec"])
+
+
+def _second_turn_prefix_hits(smollm2_path: str, defer: bool) -> tuple[int, int, int, int]:
+    """A request, then one whose prompt is the first one's prompt and output (a second chat
+    turn), on an adaptive EAGLE-3 engine with prefix caching. Returns the prefix-cache hits
+    of the second request (tokens), the first request's computed tokens, the block size and
+    the first request's output length."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    saved = {name: os.environ.get(name) for name in ("SPECDEC_DEFER_DRAFTER_SYNC",
+                                                      "SPECDEC_ADAPTIVE")}
+    os.environ["SPECDEC_DEFER_DRAFTER_SYNC"] = "1" if defer else "0"
+    os.environ["SPECDEC_ADAPTIVE"] = "1"
+    try:
+        llm = LLM(model=smollm2_path, dtype="float32", max_model_len=1024, seed=0,
+                  enable_prefix_caching=True, disable_log_stats=False,
+                  speculative_config=spec_config("eagle3", smollm2_path))
+        try:
+            block = llm.llm_engine.vllm_config.cache_config.block_size
+            prompt = llm.get_tokenizer().encode(PROMPTS[0])
+            # About 60 tokens, ending 2 positions into a block: the last positions then reach
+            # back into the full block before it.
+            computed = 4 * block + 2 if 4 * block + 2 > len(prompt) + 30 else 8 * block + 2
+            params = SamplingParams(temperature=0.0, max_tokens=computed + 1 - len(prompt),
+                                    ignore_eos=True)
+            [first] = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params)
+            turn = list(first.prompt_token_ids) + list(first.outputs[0].token_ids)
+
+            def hits():
+                return sum(int(m.value) for m in llm.get_metrics()
+                           if m.name == "vllm:prefix_cache_hits")
+
+            before = hits()
+            llm.generate([TokensPrompt(prompt_token_ids=turn)],
+                         SamplingParams(temperature=0.0, max_tokens=1))
+            return hits() - before, len(turn) - 1, block, len(first.outputs[0].token_ids)
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def test_a_finished_requests_last_blocks_leave_the_prefix_cache(smollm2_path):
+    # Its last positions may hold drafter KV the worker deferred and never wrote: the adaptive
+    # scheduler keeps their blocks from being reused (deferred_sync.uncache_window).
+    from specdec_plugin.spec_decode.deferred_sync import DEFAULT_DEPTH
+
+    hits_on, computed, block, _ = _second_turn_prefix_hits(smollm2_path, defer=True)
+    hits_off, _, _, _ = _second_turn_prefix_hits(smollm2_path, defer=False)
+    window = DEFAULT_DEPTH + K + 1
+    print(f"second turn prefix hits: {hits_on} tokens with deferral, {hits_off} without "
+          f"({computed} tokens computed, blocks of {block})")
+    assert computed % block == 2 and window > 2
+    # Every full block of the first turn, less the last one, which vLLM never matches with an
+    # EAGLE drafter (it recomputes it for the hidden states).
+    assert hits_off == (computed // block - 1) * block
+    # Without the blocks holding the last `window` positions too, and no more.
+    assert hits_on == ((computed - window) // block - 1) * block, (hits_on, computed, block)
+    assert 0 < hits_on < hits_off

@@ -23,13 +23,16 @@ have any, ahead of the step's own pass) when:
 - the step drafts (k > 0), or a request in it has more than one new token (a prefill, or a
   verification of drafts, whose rejected tokens vLLM handles in its own pass);
 - a request has ``depth`` tokens kept (the buffers are bounded);
-- with prefix caching, the step's token completes a KV block (or may, under async scheduling,
-  where the host knows positions only up to the drafts in flight): a full block can be reused
-  by another request, which must find the drafter's KV in it;
+- with prefix caching under a scheduler other than our adaptive one, the step's token
+  completes a KV block (or may, under async scheduling, where the host knows positions only
+  up to the drafts in flight): a full block can be reused by another request, which must find
+  the drafter's KV in it. Our adaptive scheduler instead keeps the blocks of a finished or
+  preempted request's last positions out of the prefix cache (``uncache_window``, below):
+  flushing before every block fills would, at batch 16 and more, flush almost every step;
 - the step's layout is not one this module maps (batch rows that are not the runner's
   requests).
-A request that finishes or is preempted loses its kept tokens (its blocks are freed; with
-prefix caching, only full blocks are kept, and those were flushed), and so do all requests
+A request that finishes or is preempted loses its kept tokens (its blocks are freed, and
+those that may hold them are not left in the prefix cache, see above), and so do all requests
 when the runner skips the drafter for a step (its input does not fit the drafter: vLLM then
 leaves the drafter's KV behind too). Kept tokens that are lost only leave drafter KV stale:
 drafts may be worse, the output is the target's either way.
@@ -66,10 +69,10 @@ class DeferredDrafterSync:
     """Per-request buffers of skipped drafter-pass inputs, keyed by request id."""
 
     def __init__(self, max_reqs: int, depth: int, hidden_width: int, hidden_dtype: torch.dtype,
-                 device: torch.device, block_size: int, prefix_caching: bool) -> None:
+                 device: torch.device, block_size: int, flush_before_block_fills: bool) -> None:
         self.max_reqs, self.depth = max_reqs, depth
         self.hidden_width, self.hidden_dtype = hidden_width, hidden_dtype
-        self.block_size, self.prefix_caching = block_size, prefix_caching
+        self.block_size, self.flush_before_block_fills = block_size, flush_before_block_fills
         self.device = torch.device(device)
         slots = max_reqs * depth
         # dtypes as vLLM's runner passes them: input ids int32, positions and slots int64.
@@ -144,7 +147,7 @@ class DeferredDrafterSync:
             return False
         if num_reqs > self.max_reqs:
             return False
-        if self.prefix_caching:
+        if self.flush_before_block_fills:
             if host_seq_lens is None:
                 return False
             # The token at position p = seq_len - 1 completes its block when p + 1 is a
@@ -265,10 +268,15 @@ def make_deferred_sync(drafter, runner) -> DeferredDrafterSync | None:
     depth = min(depth, drafter.max_num_tokens // max(max_reqs, 1))
     if depth < 2:
         return None
+    from specdec_plugin.adaptive.config import adaptive_enabled
+
     sync = DeferredDrafterSync(
         max_reqs, depth, drafter._target_hidden_width(), config.model_config.dtype,
         drafter.device, block_size=0,  # known once the KV cache exists (drafter.block_size)
-        prefix_caching=bool(config.cache_config.enable_prefix_caching))
+        # Our adaptive scheduler keeps the blocks that may hold unwritten drafter KV out of
+        # the prefix cache (below); under another scheduler, flush before a block fills.
+        flush_before_block_fills=bool(config.cache_config.enable_prefix_caching)
+        and not adaptive_enabled(config))
     logger.info("specdec_plugin: drafter passes of steps that draft nothing are deferred (up "
                 "to %d steps per request, %.1f MiB of buffers); SPECDEC_DEFER_DRAFTER_SYNC=0 "
                 "turns this off", depth, sync.nbytes() / 2**20)
@@ -283,3 +291,39 @@ def host_seq_lens(runner, cad: CommonAttentionMetadata) -> np.ndarray | None:
         if t is not None:
             return t[:cad.batch_size()].numpy()
     return None
+
+
+# ---- the scheduler's side: prefix caching ----
+# A full KV block is shared through vLLM's prefix cache, and a request that hits it reads the
+# drafter's KV there too. The positions a request has kept but not yet written are its last
+# ``depth`` at most, so where our adaptive scheduler runs, it takes the blocks holding a
+# request's last positions out of the prefix cache when the request finishes or is preempted
+# (``AdaptiveSchedulerMixin._free_request_blocks``): a later request recomputes those few
+# tokens instead of reading stale drafter KV. The worker then need not flush before every
+# block fills, which at batch 16 and more would force a flush almost every step. Under any
+# other scheduler the worker flushes before a block fills (``flush_before_block_fills``).
+
+def uncache_window(vllm_config) -> int | None:
+    """How many of a request's last positions may hold drafter KV not yet written; None where
+    no deferral runs with prefix caching."""
+    from specdec_plugin import envs
+
+    spec = vllm_config.speculative_config
+    if (spec is None or not spec.use_eagle() or not envs.defer_drafter_sync()
+            or not vllm_config.cache_config.enable_prefix_caching):
+        return None
+    k = spec.num_speculative_tokens or 0
+    # The deepest buffer (make_deferred_sync), plus the drafts in flight under async
+    # scheduling, when the host's count of computed tokens runs ahead of the worker's.
+    return max(DEFAULT_DEPTH, 1 + k) + k + 1
+
+
+def tail_block_ids(block_ids: Sequence[Sequence[int]], num_computed: int, block_size: int,
+                   window: int) -> set[int]:
+    """The ids of the blocks (of every KV cache group) holding positions
+    ``[num_computed - window, num_computed)``."""
+    if num_computed <= 0 or block_size <= 0:
+        return set()
+    first = max(num_computed - window, 0) // block_size
+    last = (num_computed - 1) // block_size
+    return {ids[i] for ids in block_ids for i in range(first, min(last + 1, len(ids)))}
