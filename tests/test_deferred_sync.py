@@ -258,3 +258,28 @@ def test_uncache_window_only_with_prefix_caching_and_an_eagle_drafter(monkeypatc
     assert uncache_window(config(method="draft_model")) is None
     monkeypatch.setenv("SPECDEC_DEFER_DRAFTER_SYNC", "0")
     assert uncache_window(config()) is None
+
+
+def test_the_vllm_seams_the_deferral_relies_on():
+    """The runner, scheduler and proposer methods the deferral hooks, as vLLM 0.26 defines
+    and uses them (an upgrade that moves them fails here, not silently while serving)."""
+    from tests.test_patch_catalog import _params, _source
+
+    runner = _source("v1/worker/gpu_model_runner.py")
+    assert _params("v1/worker/gpu_model_runner.py", "_update_states", cls="GPUModelRunner") == [
+        "self", "scheduler_output"]
+    assert _params("v1/worker/gpu_model_runner.py", "_input_fits_in_drafter",
+                   cls="GPUModelRunner") == ["self", "common_attn_metadata"]
+    # One check per step decides whether the drafter runs at all.
+    assert runner.count("self._input_fits_in_drafter(") == 1
+    # The proposer returns before drafting when k = 0, after its first pass (what we skip).
+    assert "if self.num_speculative_tokens == 0:" in _source("v1/spec_decode/llm_base_proposer.py")
+    sched = _source("v1/core/sched/scheduler.py")
+    assert _params("v1/core/sched/scheduler.py", "_free_request_blocks", cls="Scheduler") == [
+        "self", "request"]
+    # Both ways a running request's blocks are freed go through it.
+    assert sched.count("self._free_request_blocks(request)") >= 2
+    assert _params("v1/core/block_pool.py", "evict_blocks", cls="BlockPool") == [
+        "self", "block_ids"]
+    assert _params("v1/core/kv_cache_manager.py", "get_block_ids", cls="KVCacheManager") == [
+        "self", "request_id"]
