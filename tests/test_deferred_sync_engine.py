@@ -45,11 +45,19 @@ def _recorded(worker):
     drafter = worker.model_runner.drafter
     sync = drafter._deferred_sync
     counts = None if sync is None else (sync.deferred_steps, sync.flushes, sync.dropped_tokens)
-    return drafter.recorded, counts
+    padded_k0 = sum(1 for key, entry in drafter._draft_graphs.items()
+                    if key[:2] == ("padded", 0) and entry is not None)
+    return drafter.recorded, counts, (None if sync is None else sync.depth, padded_k0)
 
 
-def _run(smollm2_path, defer: bool, prefix_caching: bool):
+def _run(smollm2_path, defer: bool, prefix_caching: bool, graphs: bool = False):
+    """``graphs``: drafter graphs emulated on the host (tests/drafter_graphs_host_replay.py),
+    as on a GPU: padded graphs, and flushes of at most 1+K tokens replaying them."""
     from vllm import LLM, SamplingParams
+
+    from specdec_plugin.spec_decode.drafter_graphs import DrafterGraphs
+
+    device_for_graphs = DrafterGraphs._device_for_graphs
 
     saved = {name: os.environ.get(name) for name in ("SPECDEC_DEFER_DRAFTER_SYNC",
                                                       "VLLM_ENABLE_V1_MULTIPROCESSING")}
@@ -57,6 +65,11 @@ def _run(smollm2_path, defer: bool, prefix_caching: bool):
     # The engine in this process: every request is added before the first step, so both
     # engines see the same batches (an engine process may start stepping after the first).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if graphs:
+        from tests.drafter_graphs_host_replay import HostReplayGraphs
+
+        emulated = HostReplayGraphs()
+        DrafterGraphs._device_for_graphs = lambda self, layer: emulated
     try:
         llm = LLM(model=smollm2_path, dtype="float32", max_model_len=1024, seed=0,
                   max_num_seqs=3, enable_prefix_caching=prefix_caching,
@@ -67,29 +80,33 @@ def _run(smollm2_path, defer: bool, prefix_caching: bool):
             params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
                       for n in MAX_TOKENS]
             outs = llm.generate(PROMPTS, params)
-            [(recorded, counts)] = llm.collective_rpc(_recorded)
+            [(recorded, counts, graph_info)] = llm.collective_rpc(_recorded)
         finally:
             llm.llm_engine.engine_core.shutdown()
             del llm
             gc.collect()
     finally:
+        DrafterGraphs._device_for_graphs = device_for_graphs
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    return [list(o.outputs[0].token_ids) for o in outs], recorded, counts
+    return [list(o.outputs[0].token_ids) for o in outs], recorded, counts, graph_info
 
 
 @pytest.fixture(scope="module")
 def runs(smollm2_path):
-    # Prefix caching on: the flush before a KV block fills is exercised too.
-    return {defer: _run(smollm2_path, defer, prefix_caching=True) for defer in (True, False)}
+    # Prefix caching on under a scheduler of our tests' own: the flush before a KV block
+    # fills is exercised too.
+    out = {defer: _run(smollm2_path, defer, prefix_caching=True) for defer in (True, False)}
+    out["graphs"] = _run(smollm2_path, True, prefix_caching=True, graphs=True)
+    return out
 
 
 def test_drafts_are_the_same_with_deferral_on_and_off(runs):
-    tokens_on, recorded_on, counts_on = runs[True]
-    tokens_off, recorded_off, counts_off = runs[False]
+    tokens_on, recorded_on, counts_on, _ = runs[True]
+    tokens_off, recorded_off, counts_off, _ = runs[False]
     assert counts_off is None  # SPECDEC_DEFER_DRAFTER_SYNC=0: no deferral built
     deferred_steps, flushes, _ = counts_on
     assert deferred_steps > 20 and flushes > 5, counts_on
@@ -113,40 +130,18 @@ def test_greedy_output_equals_no_speculation(runs, engines, smollm2_path):
     assert runs[True][0] == want
 
 
-def _host_replay(smollm2_path: str, mode: str, defer: bool) -> tuple[dict, str]:
-    """One engine through tests/drafter_graphs_host_replay.py (drafter graphs emulated on the
-    host in ``emulate`` mode, as on a GPU), on the forced schedule."""
-    import json
-    import subprocess
-    import sys
-
-    job = {"backend": "ours", "model": smollm2_path,
-           "engine": {"dtype": "float32", "max_model_len": 1024,
-                      "speculative_config": spec_config("eagle3", smollm2_path),
-                      "scheduler_cls": "tests.forced_draft_lengths.ForcedDraftLengthScheduler"},
-           "prompts": PROMPTS[:4], "max_tokens": 40, "batches": [4], "repeats": 1,
-           "warmups": 0, "tokens": True}
-    env = dict(os.environ, SPECDEC_DEFER_DRAFTER_SYNC="1" if defer else "0")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-m", "tests.drafter_graphs_host_replay",
-                           json.dumps(job), mode], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=900)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):]), proc.stdout + proc.stderr
-    raise AssertionError(f"{mode}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-
-
-def test_flushes_replayed_from_padded_graphs_draft_as_vllm_does(smollm2_path):
-    # With drafter graphs (emulated), a flush keeps at most 1+K tokens per request and replays
-    # the padded k = 0 graph: what a GPU runs. Against eager drafting without deferral.
-    graphed, log = _host_replay(smollm2_path, "emulate", defer=True)
-    eager, _ = _host_replay(smollm2_path, "eager", defer=False)
-    assert f"deferred (up to {K + 1} steps per request" in log
-    assert graphed["drafter_graphs"]["replayed"] > 0, graphed["drafter_graphs"]
-    want, have = eager["batches"]["4"], graphed["batches"]["4"]
-    assert have["token_ids"] == want["token_ids"]
-    assert have["spec"] == want["spec"] and want["spec"]["accepted"] > 0, (have["spec"], want["spec"])
+def test_flushes_replayed_from_padded_graphs_draft_as_vllm_does(runs):
+    # With drafter graphs (emulated on the host, as on a GPU), a request keeps at most 1+K
+    # tokens and its flush replays the padded k = 0 graph. Against eager, no deferral.
+    tokens, recorded, counts, (depth, padded_k0) = runs["graphs"]
+    tokens_off, recorded_off, _, _ = runs[False]
+    print(f"graphs: depth {depth}, {padded_k0} padded k = 0 graphs, deferred/flushes/dropped "
+          f"{counts}")
+    assert depth == K + 1 and padded_k0 > 0 and counts[0] > 20 and counts[1] > 5, counts
+    assert tokens == tokens_off
+    assert [(k, ids) for k, ids, _ in recorded] == [(k, ids) for k, ids, _ in recorded_off]
+    mismatched = [i for i, (k, _, d) in enumerate(recorded_off) if k > 0 and recorded[i][2] != d]
+    assert not mismatched, [(recorded[i], recorded_off[i]) for i in mismatched[:3]]
 
 
 def _second_turn_prefix_hits(smollm2_path: str, defer: bool) -> tuple[int, int, int, int]:
