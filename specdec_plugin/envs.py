@@ -12,6 +12,11 @@
 - ``SPECDEC_DRAFTER_PADDING=0``: record EAGLE / EAGLE-3 / MTP drafter graphs per exact batch
   shape, the first time each shape is met while serving, instead of padding batches to a few
   shapes that are all recorded at engine start (spec_decode/drafter_padding.py). Default on.
+- ``SPECDEC_DEFER_DRAFTER_SYNC=0|1``: whether the EAGLE / EAGLE-3 / MTP drafter's pass over
+  the new tokens of a step that drafts nothing (k = 0) is deferred, and one pass over a
+  request's deferred tokens runs when it next needs its drafter (spec_decode/deferred_sync.py),
+  or runs every step as vLLM does. Default: the device layer's (on for the CPU; off on GPUs
+  and NPUs until it has run there: its async-scheduling and graph paths were only emulated).
 - ``SPECDEC_ADAPTIVE=0``: draft K tokens every step, as vLLM does, instead of letting the
   adaptive controller choose 0..K per step from observed acceptance and measured step costs
   (default on; a user-given ``num_speculative_tokens_per_batch_size`` also turns it off).
@@ -66,6 +71,11 @@ def drafter_graphs() -> bool:
 
 def drafter_padding() -> bool:
     return os.environ.get("SPECDEC_DRAFTER_PADDING", "1").strip().lower() in _TRUE
+
+
+def defer_drafter_sync() -> bool:
+    # Unset: "0" here; the CPU device layer sets "1" in its process_env (device/cpu.py).
+    return os.environ.get("SPECDEC_DEFER_DRAFTER_SYNC", "0").strip().lower() in _TRUE
 
 
 def jit_build() -> bool:

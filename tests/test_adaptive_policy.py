@@ -90,6 +90,20 @@ def test_cost_table_interpolates_and_extrapolates():
     assert fallback_table(True).source == "fallback"
 
 
+def test_deferred_drafter_sync_charges_a_plain_step_a_share_of_one_longer_pass():
+    # spec_decode/deferred_sync.py: one pass over 4 tokens per request every 4 plain steps.
+    every_step = CostTable((1, 4, 16), (1.0, 2.0, 4.0), (0.5, 0.5, 1.0), drafter_syncs_at_zero=True)
+    deferred = CostTable((1, 4, 16), (1.0, 2.0, 4.0), (0.5, 0.5, 1.0), drafter_syncs_at_zero=True,
+                         drafter_sync_every=4)
+    assert deferred.step_time(4, 0) == pytest.approx(2.0 + 1.0 / 4)
+    assert deferred.step_time(4, 0) < every_step.step_time(4, 0)
+    assert deferred.step_time(4, 2) == every_step.step_time(4, 2)  # drafting steps: unchanged
+    assert CostTable.from_json(deferred.to_json()) == deferred
+    # A table written without the field (an older engine's) still reads, as every step.
+    raw = every_step.to_json().replace(', "drafter_sync_every": 1', "")
+    assert "drafter_sync_every" not in raw and CostTable.from_json(raw) == every_step
+
+
 def test_acceptance_counts_only_tested_positions():
     tracker = AcceptanceTracker(AcceptanceSettings(max_k=4, prior_weight=1e-9, pool_weight=1e-9,
                                                    decay=1.0))

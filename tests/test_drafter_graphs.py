@@ -133,6 +133,8 @@ def test_drafter_graphs_take_the_device_layer_from_their_runner(monkeypatch):
     seen = []
     monkeypatch.setattr(DrafterGraphs, "_device_for_graphs",
                         lambda self, layer: seen.append(layer))
+    # The stand-in below has none of vLLM's proposer state that the deferral reads.
+    monkeypatch.setenv("SPECDEC_DEFER_DRAFTER_SYNC", "0")
 
     class VllmDrafter:
         def __init__(self, vllm_config, device, runner=None):

@@ -13,6 +13,10 @@ A step that verifies k drafts for each of n requests and drafts k more costs, in
 For k = 0 only the target runs, plus the drafter's pass over the new tokens when the drafter
 keeps its KV cache in sync at k = 0 (vLLM's EAGLE-family and draft-model proposers do, so that
 their drafts stay good when drafting resumes); n-gram and suffix drafting cost no device time.
+Where those passes are deferred (spec_decode/deferred_sync.py: EAGLE, EAGLE-3, MTP), one pass
+over ``drafter_sync_every`` tokens per request replaces that many steps' passes, so a k = 0
+step pays ``drafter(n * d) / d``. The flush a drafting step pays after a run of k = 0 steps
+is left out: a cost of changing regime, not of either regime's steady state.
 """
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ class CostTable:
     drafter_s: tuple[float, ...] | None = None
     # The drafter runs its pass over the new tokens even when no draft is asked for.
     drafter_syncs_at_zero: bool = False
+    # Steps whose drafter passes one deferred pass covers (1: a pass every step).
+    drafter_sync_every: int = 1
     source: str = "measured"
 
     def __post_init__(self):
@@ -68,7 +74,10 @@ class CostTable:
     def step_time(self, num_reqs: int, k: int) -> float:
         n = max(num_reqs, 1)
         if k <= 0:
-            return self.target(n) + (self.drafter(n) if self.drafter_syncs_at_zero else 0.0)
+            if not self.drafter_syncs_at_zero:
+                return self.target(n)
+            d = max(self.drafter_sync_every, 1)
+            return self.target(n) + self.drafter(n * d) / d
         return (self.target(n * (1 + k)) + self.drafter(n * (1 + k)) + (k - 1) * self.drafter(n)
                 + SPEC_STEP_OVERHEAD * self.target(n))
 

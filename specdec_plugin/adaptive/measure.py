@@ -82,7 +82,7 @@ def _fastest_seconds(fn, sync) -> float:
 
 
 def measure_cost_table(run_target, run_drafter, counts: list[int], budget_s: float,
-                       sync) -> CostTable:
+                       sync, drafter_sync_every: int = 1) -> CostTable:
     measured, target_s, drafter_s = [], [], []
     started = time.perf_counter()
     for t in counts:
@@ -99,7 +99,8 @@ def measure_cost_table(run_target, run_drafter, counts: list[int], budget_s: flo
     drafter_s = list(np.maximum.accumulate(drafter_s)) if drafter_s else drafter_s
     table = CostTable(tuple(measured), tuple(target_s),
                       tuple(drafter_s) if run_drafter is not None else None,
-                      drafter_syncs_at_zero=run_drafter is not None)
+                      drafter_syncs_at_zero=run_drafter is not None,
+                      drafter_sync_every=drafter_sync_every)
     logger.info("specdec_plugin: step costs measured in %.1f s (tokens:ms) target %s%s",
                 time.perf_counter() - started,
                 " ".join(f"{c}:{s * 1e3:.2f}" for c, s in zip(measured, target_s)),
@@ -136,7 +137,10 @@ def measure_and_publish(runner, vllm_config, rank: int, budget_s: float, sync) -
 
     counts = token_counts(max_reqs, query_len, runner.max_num_tokens)
     try:
-        table = measure_cost_table(run_target, run_drafter, counts, budget_s, sync)
+        # Deferred drafter passes (spec_decode/deferred_sync.py): one per `depth` plain steps.
+        deferred = getattr(drafter, "_deferred_sync", None)
+        table = measure_cost_table(run_target, run_drafter, counts, budget_s, sync,
+                                   deferred.depth if deferred is not None else 1)
     except Exception as exc:  # never fail engine start over a measurement
         logger.warning("specdec_plugin: step-cost measurement failed (%s: %s); adaptive "
                        "drafting uses a fallback cost model", type(exc).__name__, exc)

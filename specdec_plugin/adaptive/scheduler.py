@@ -19,6 +19,7 @@ from specdec_plugin.adaptive.controller import DraftLengthController
 from specdec_plugin.adaptive.cost_model import CostTable, fallback_table
 from specdec_plugin.adaptive.handoff import read_cost_table
 from specdec_plugin.log import init_logger
+from specdec_plugin.spec_decode.deferred_sync import tail_block_ids, uncache_window
 from specdec_plugin.spec_decode.ngram_device import TRIMMED_DRAFTS
 
 logger = init_logger(__name__)
@@ -55,6 +56,8 @@ class AdaptiveSchedulerMixin:
         cost = load_cost_table(self.vllm_config, has_drafter_model)
         self.draft_controller = DraftLengthController(self.num_spec_tokens, cost)
         self.dynamic_sd_lookup = _AskController(self)
+        # Deferred drafter KV sync with prefix caching (spec_decode/deferred_sync.py).
+        self._uncache_window = uncache_window(self.vllm_config)
         logger.info("specdec_plugin: adaptive drafting on (K=%d, lengths %s, %s step costs); "
                     "SPECDEC_ADAPTIVE=0 turns it off", self.num_spec_tokens,
                     list(self.draft_controller.allowed), cost.source)
@@ -87,6 +90,18 @@ class AdaptiveSchedulerMixin:
         return super().make_spec_decoding_stats(spec_decoding_stats, num_draft_tokens,
                                                 num_accepted_tokens, num_invalid_spec_tokens,
                                                 request_id)
+
+    def _free_request_blocks(self, request):
+        # A finished or preempted request's last positions may hold drafter KV the worker
+        # deferred and will now never write: keep their blocks out of the prefix cache.
+        stale = set()
+        if self._uncache_window is not None:
+            stale = tail_block_ids(self.kv_cache_manager.get_block_ids(request.request_id),
+                                   request.num_computed_tokens, self.cache_config.block_size,
+                                   self._uncache_window)
+        super()._free_request_blocks(request)
+        if stale:
+            self.kv_cache_manager.block_pool.evict_blocks(stale)
 
     def _free_request(self, request, *args, **kwargs):
         self.draft_controller.forget(request.request_id)

@@ -33,6 +33,9 @@ EAGLE, EAGLE-3 and MTP decode steps are padded to a few fixed shapes instead
 (``prerecord_graphs``, called by the runner once the target's graphs are captured); the
 exact-shape keys above remain for the draft model and for steps that cannot be padded.
 
+Steps that draft nothing may skip the pass altogether (deferred_sync.py, ``_defer_step``):
+their inputs are kept and written in one eager pass when the request next needs its drafter.
+
 Memory: graphs are recorded after vLLM sized the KV cache, so the worker holds back a
 reservation for them before it does (``reserve_graph_memory``, graph_memory.py), and a
 recording that would go past it is refused: that shape drafts eagerly, with one warning.
@@ -51,6 +54,7 @@ from specdec_plugin.log import init_logger
 from specdec_plugin import envs
 from specdec_plugin.adaptive.config import adaptive_enabled
 from specdec_plugin.spec_decode.draft_vocab import greedy_draft_tokens, local_argmax_applies
+from specdec_plugin.spec_decode.deferred_sync import host_seq_lens, make_deferred_sync
 from specdec_plugin.spec_decode.drafter_padding import PaddedDraftInputs
 from specdec_plugin.spec_decode.graph_memory import (
     GraphMemoryBudget,
@@ -155,6 +159,11 @@ class DrafterGraphs:
         self._padded_buffers_charged = False
         # Set at load_model: greedy drafts argmax over the draft vocabulary (draft_vocab.py).
         self._local_draft_argmax = False
+        # Steps that draft nothing keep their pass for later (deferred_sync.py). Built here, so
+        # its buffers exist before vLLM measures memory and sizes the KV cache.
+        self._sync_runner = kwargs.get("runner")
+        self._deferred_sync = make_deferred_sync(self, self._sync_runner)
+        self._recent_k = (0, 0)  # the draft lengths of the last two calls, newest last
 
     def _device_for_graphs(self, device):
         config = self.vllm_config
@@ -256,13 +265,23 @@ class DrafterGraphs:
                 target_hidden_states, next_token_ids, token_indices_to_sample,
                 common_attn_metadata, sampling_metadata, mm_embed_inputs=None,
                 num_rejected_tokens_gpu=None, slot_mappings=None) -> torch.Tensor:
-        call = _ProposeCall(dict(
+        kwargs = dict(
             num_speculative_tokens=num_speculative_tokens, target_token_ids=target_token_ids,
             target_positions=target_positions, target_hidden_states=target_hidden_states,
             next_token_ids=next_token_ids, token_indices_to_sample=token_indices_to_sample,
             common_attn_metadata=common_attn_metadata, sampling_metadata=sampling_metadata,
             mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
-            slot_mappings=slot_mappings))
+            slot_mappings=slot_mappings)
+        if self._defer_step(kwargs):
+            self.num_speculative_tokens = 0
+            self._last_draft_probs = None
+            return torch.empty(common_attn_metadata.batch_size(), 0, dtype=torch.int64,
+                               device=target_token_ids.device)
+        return self._propose_now(kwargs)
+
+    def _propose_now(self, kwargs: dict) -> torch.Tensor:
+        """vLLM's ``propose``, replayed from a graph where one fits (deferred flushes too)."""
+        call = _ProposeCall(kwargs)
         if self._recordable(call):
             drafts = self._replay_padded(call)
             if drafts is not None:
@@ -276,10 +295,45 @@ class DrafterGraphs:
         _copy_into(entry.static, [t for t in call.tensors() if t is not None])
         entry.graph.replay()
         # What propose leaves on the host for the runner.
-        self.num_speculative_tokens = num_speculative_tokens
+        self.num_speculative_tokens = kwargs["num_speculative_tokens"]
         self._last_draft_probs = None
         # The next replay overwrites the graph's output; the runner may still hold this one.
         return entry.draft_token_ids.clone()
+
+    # ---- deferred KV sync (deferred_sync.py) ----
+    def _defer_step(self, kwargs: dict) -> bool:
+        """True: this step's pass is deferred. Else any passes deferred for the step's requests
+        have run, and the step's own pass runs next."""
+        sync = self._deferred_sync
+        k = kwargs["num_speculative_tokens"]
+        # Under async scheduling the host's sequence lengths count the drafts still being
+        # verified as accepted: those of the last two steps at most.
+        slack = max(self._recent_k) if getattr(self._sync_runner, "use_async_spec_decode",
+                                               False) else 0
+        self._recent_k = (self._recent_k[1], k)
+        if sync is None:
+            return False
+        if self.eplb_state is not None or self._share_mtp_indices:  # set after construction
+            sync.forget_all()
+            self._deferred_sync = None
+            return False
+        sync.block_size = self.block_size
+        cad = kwargs["common_attn_metadata"]
+        req_ids = self._sync_runner.input_batch.req_ids
+        # A flush is decode-shaped when the depth is at most 1+K: it then replays the padded
+        # k = 0 graph like any plain step (make_deferred_sync sizes it so on graph devices).
+        return sync.step(k, req_ids, kwargs, host_seq_lens(self._sync_runner, cad), slack,
+                         lambda **flush: self._propose_now(flush))
+
+    def forget_deferred(self, req_ids) -> None:
+        """The runner's word that these requests finished or were preempted."""
+        if self._deferred_sync is not None:
+            self._deferred_sync.forget(req_ids)
+
+    def drop_all_deferred(self) -> None:
+        """The runner skips the drafter this step: the kept tokens can no longer line up."""
+        if self._deferred_sync is not None:
+            self._deferred_sync.forget_all()
 
     # ---- padded graphs (drafter_padding.py) ----
     def _padding(self) -> PaddedDraftInputs | None:
@@ -333,8 +387,9 @@ class DrafterGraphs:
 
     def draft_lengths_to_record(self) -> list[int]:
         """The draft lengths a step may ask for: every one up to K where the adaptive
-        controller chooses them (0 included: its plain steps still run the drafter's pass that
-        keeps the drafter's KV cache in sync), else K alone."""
+        controller chooses them (0 included: a plain step still runs the drafter's pass that
+        keeps the drafter's KV cache in sync where it cannot defer it, deferred_sync.py:
+        verification steps, prefills, a KV block filling), else K alone."""
         k = self.speculative_config.num_speculative_tokens
         return list(range(k + 1)) if adaptive_enabled(self.vllm_config) else [k]
 
@@ -362,8 +417,8 @@ class DrafterGraphs:
         """Whether vLLM's ``propose`` may be recorded for this call (module doc)."""
         kw = call.kwargs
         k, cad = kw["num_speculative_tokens"], kw["common_attn_metadata"]
-        # k == 0 is recorded too: the adaptive controller's plain steps still run the drafter's
-        # pass over the new tokens, which keeps its KV cache in sync.
+        # k == 0 is recorded too: plain steps whose pass is not deferred (deferred_sync.py)
+        # still run the drafter's pass over the new tokens, which keeps its KV cache in sync.
         return not (self._graph_device is None or k < 0 or kw["mm_embed_inputs"] is not None
                 or self.parallel_drafting or self.uses_mrope or self.uses_xdrope_dim > 0
                 or getattr(self, "use_heterogeneous_vocab", False)

@@ -66,6 +66,23 @@ class SpecDecModelRunner(AdaptiveGraphsMixin, NgramTrimReportMixin, GPUModelRunn
                         "(%.1f s)", launches, time.perf_counter() - start)
         return graph_bytes
 
+    # Deferred drafter KV sync (spec_decode/deferred_sync.py): the drafter keeps skipped
+    # passes per request, and must hear when those requests' KV blocks are freed.
+    def _update_states(self, scheduler_output, *args, **kwargs):
+        forget = getattr(getattr(self, "drafter", None), "forget_deferred", None)
+        if forget is not None:
+            forget(set(scheduler_output.finished_req_ids)
+                   | set(scheduler_output.preempted_req_ids or ())
+                   | set(scheduler_output.scheduled_cached_reqs.resumed_req_ids))
+        return super()._update_states(scheduler_output, *args, **kwargs)
+
+    def _input_fits_in_drafter(self, common_attn_metadata) -> bool:
+        fits = super()._input_fits_in_drafter(common_attn_metadata)
+        drop = getattr(getattr(self, "drafter", None), "drop_all_deferred", None)
+        if not fits and drop is not None:
+            drop()  # no drafter pass this step: kept tokens would skip these positions
+        return fits
+
     def _sync_device(self) -> None:
         self.device_layer.synchronize()
 

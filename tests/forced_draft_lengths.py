@@ -1,0 +1,30 @@
+"""A vLLM scheduler whose draft lengths follow a fixed pattern, step by step (tests only).
+
+Given to an engine as ``scheduler_cls="tests.forced_draft_lengths.ForcedDraftLengthScheduler"``:
+it sits where the adaptive controller sits (vLLM's ``dynamic_sd_lookup``, see
+specdec_plugin/adaptive/scheduler.py), so the k of each step reaches the proposer exactly as
+the controller's does, without the controller's timing-dependent choices. Same inputs, same
+pattern: the same k at every step in two engines.
+"""
+from __future__ import annotations
+
+from vllm.v1.core.sched.scheduler import Scheduler
+
+# Runs of k = 0 shorter and longer than the deferral depth (8), each ended by a drafting step.
+PATTERN = (3, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 3, 3, 0, 0, 0, 0, 0, 0)
+
+
+class _Pattern:
+    def __init__(self):
+        self.step = 0
+
+    def __getitem__(self, num_reqs: int) -> int:
+        k = PATTERN[self.step % len(PATTERN)]
+        self.step += 1
+        return k
+
+
+class ForcedDraftLengthScheduler(Scheduler):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.dynamic_sd_lookup = _Pattern()

@@ -1,0 +1,210 @@
+"""Deferred drafter KV sync in a real engine (SmolLM2 + the shipped EAGLE-3 drafter, fp32, CPU).
+
+The same forced schedule of draft lengths (runs of k = 0 between drafting steps,
+tests/forced_draft_lengths.py) runs with deferral on and off, on more requests than fit in a
+batch, so requests join, leave and are reordered while tokens are kept. Every draft token
+must be the same: the deferred passes write the same drafter KV as vLLM's per-step ones (our
+CPU kernels compute each row independently of the rows beside it)."""
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+
+from tests.prompts import SPEC_PROMPTS
+from tests.spec_configs import K, spec_config
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = SPEC_PROMPTS[6:12]
+MAX_TOKENS = [40, 24, 48, 32, 40, 28]  # requests finish at different steps
+
+
+# Run in the engine's worker (LLM.collective_rpc).
+def _record_drafts(worker):
+    runner = worker.model_runner
+    drafter = runner.drafter
+    propose = type(drafter).propose
+    drafter.recorded = []
+
+    def recording(*args, **kwargs):
+        drafts = propose(drafter, *args, **kwargs)
+        k = kwargs.get("num_speculative_tokens", args[0] if args else None)
+        # Request ids are "<counter>-<random>": the counter names the same request in both
+        # engines.
+        ids = [req_id.split("-")[0] for req_id in runner.input_batch.req_ids]
+        drafter.recorded.append((k, ids, drafts.tolist()))
+        return drafts
+
+    drafter.propose = recording
+    return type(drafter).__name__
+
+
+def _recorded(worker):
+    drafter = worker.model_runner.drafter
+    sync = drafter._deferred_sync
+    counts = None if sync is None else (sync.deferred_steps, sync.flushes, sync.dropped_tokens)
+    padded_k0 = sum(1 for key, entry in drafter._draft_graphs.items()
+                    if key[:2] == ("padded", 0) and entry is not None)
+    return drafter.recorded, counts, (None if sync is None else sync.depth, padded_k0)
+
+
+def _run(smollm2_path, defer: bool, prefix_caching: bool, graphs: bool = False):
+    """``graphs``: drafter graphs emulated on the host (tests/drafter_graphs_host_replay.py),
+    as on a GPU: padded graphs, and flushes of at most 1+K tokens replaying them."""
+    from vllm import LLM, SamplingParams
+
+    from specdec_plugin.spec_decode.drafter_graphs import DrafterGraphs
+
+    device_for_graphs = DrafterGraphs._device_for_graphs
+
+    saved = {name: os.environ.get(name) for name in ("SPECDEC_DEFER_DRAFTER_SYNC",
+                                                      "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    os.environ["SPECDEC_DEFER_DRAFTER_SYNC"] = "1" if defer else "0"
+    # The engine in this process: every request is added before the first step, so both
+    # engines see the same batches (an engine process may start stepping after the first).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if graphs:
+        from tests.drafter_graphs_host_replay import HostReplayGraphs
+
+        emulated = HostReplayGraphs()
+        DrafterGraphs._device_for_graphs = lambda self, layer: emulated
+    try:
+        llm = LLM(model=smollm2_path, dtype="float32", max_model_len=1024, seed=0,
+                  max_num_seqs=3, enable_prefix_caching=prefix_caching,
+                  speculative_config=spec_config("eagle3", smollm2_path),
+                  scheduler_cls="tests.forced_draft_lengths.ForcedDraftLengthScheduler")
+        try:
+            assert llm.collective_rpc(_record_drafts) == ["SpecDecEagleProposer"]
+            params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+                      for n in MAX_TOKENS]
+            outs = llm.generate(PROMPTS, params)
+            [(recorded, counts, graph_info)] = llm.collective_rpc(_recorded)
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
+    finally:
+        DrafterGraphs._device_for_graphs = device_for_graphs
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return [list(o.outputs[0].token_ids) for o in outs], recorded, counts, graph_info
+
+
+@pytest.fixture(scope="module")
+def runs(smollm2_path):
+    # Prefix caching on under a scheduler of our tests' own: the flush before a KV block
+    # fills is exercised too.
+    out = {defer: _run(smollm2_path, defer, prefix_caching=True) for defer in (True, False)}
+    out["graphs"] = _run(smollm2_path, True, prefix_caching=True, graphs=True)
+    return out
+
+
+def test_drafts_are_the_same_with_deferral_on_and_off(runs):
+    tokens_on, recorded_on, counts_on, _ = runs[True]
+    tokens_off, recorded_off, counts_off, _ = runs[False]
+    assert counts_off is None  # SPECDEC_DEFER_DRAFTER_SYNC=0: no deferral built
+    deferred_steps, flushes, _ = counts_on
+    assert deferred_steps > 20 and flushes > 5, counts_on
+    assert tokens_on == tokens_off
+    # Same schedule, same batches, and every draft token equal.
+    assert [(k, ids) for k, ids, _ in recorded_on] == [(k, ids) for k, ids, _ in recorded_off]
+    drafting = [(i, d) for i, (k, _, d) in enumerate(recorded_off) if k > 0]
+    assert len(drafting) > 10
+    print(f"deferral on: {deferred_steps} steps deferred, {flushes} flushes, {counts_on[2]} "
+          f"tokens dropped; {len(drafting)} drafting steps of {len(recorded_off)} compared")
+    mismatched = [i for i, d in drafting if recorded_on[i][2] != d]
+    assert not mismatched, [(recorded_on[i], recorded_off[i]) for i in mismatched[:3]]
+
+
+def test_greedy_output_equals_no_speculation(runs, engines, smollm2_path):
+    from vllm import SamplingParams
+
+    plain = engines.get(smollm2_path, enable_prefix_caching=False)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    want = [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
+    assert runs[True][0] == want
+
+
+def test_flushes_replayed_from_padded_graphs_draft_as_vllm_does(runs):
+    # With drafter graphs (emulated on the host, as on a GPU), a request keeps at most 1+K
+    # tokens and its flush replays the padded k = 0 graph. Against eager, no deferral.
+    tokens, recorded, counts, (depth, padded_k0) = runs["graphs"]
+    tokens_off, recorded_off, _, _ = runs[False]
+    print(f"graphs: depth {depth}, {padded_k0} padded k = 0 graphs, deferred/flushes/dropped "
+          f"{counts}")
+    assert depth == K + 1 and padded_k0 > 0 and counts[0] > 20 and counts[1] > 5, counts
+    assert tokens == tokens_off
+    assert [(k, ids) for k, ids, _ in recorded] == [(k, ids) for k, ids, _ in recorded_off]
+    mismatched = [i for i, (k, _, d) in enumerate(recorded_off) if k > 0 and recorded[i][2] != d]
+    assert not mismatched, [(recorded[i], recorded_off[i]) for i in mismatched[:3]]
+
+
+def _second_turn_prefix_hits(smollm2_path: str, defer: bool) -> tuple[int, int, int, int]:
+    """A request, then one whose prompt is the first one's prompt and output (a second chat
+    turn), on an adaptive EAGLE-3 engine with prefix caching. Returns the prefix-cache hits
+    of the second request (tokens), the first request's computed tokens, the block size and
+    the first request's output length."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    saved = {name: os.environ.get(name) for name in ("SPECDEC_DEFER_DRAFTER_SYNC",
+                                                      "SPECDEC_ADAPTIVE")}
+    os.environ["SPECDEC_DEFER_DRAFTER_SYNC"] = "1" if defer else "0"
+    os.environ["SPECDEC_ADAPTIVE"] = "1"
+    try:
+        llm = LLM(model=smollm2_path, dtype="float32", max_model_len=1024, seed=0,
+                  enable_prefix_caching=True, disable_log_stats=False,
+                  speculative_config=spec_config("eagle3", smollm2_path))
+        try:
+            block = llm.llm_engine.vllm_config.cache_config.block_size
+            prompt = llm.get_tokenizer().encode(PROMPTS[0])
+            # About 60 tokens, ending 2 positions into a block: the last positions then reach
+            # back into the full block before it.
+            computed = 4 * block + 2 if 4 * block + 2 > len(prompt) + 30 else 8 * block + 2
+            params = SamplingParams(temperature=0.0, max_tokens=computed + 1 - len(prompt),
+                                    ignore_eos=True)
+            [first] = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params)
+            turn = list(first.prompt_token_ids) + list(first.outputs[0].token_ids)
+
+            def hits():
+                return sum(int(m.value) for m in llm.get_metrics()
+                           if m.name == "vllm:prefix_cache_hits")
+
+            before = hits()
+            llm.generate([TokensPrompt(prompt_token_ids=turn)],
+                         SamplingParams(temperature=0.0, max_tokens=1))
+            return hits() - before, len(turn) - 1, block, len(first.outputs[0].token_ids)
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def test_a_finished_requests_last_blocks_leave_the_prefix_cache(smollm2_path):
+    # Its last positions may hold drafter KV the worker deferred and never wrote: the adaptive
+    # scheduler keeps their blocks from being reused (deferred_sync.uncache_window).
+    from specdec_plugin.spec_decode.deferred_sync import DEFAULT_DEPTH
+
+    hits_on, computed, block, _ = _second_turn_prefix_hits(smollm2_path, defer=True)
+    hits_off, _, _, _ = _second_turn_prefix_hits(smollm2_path, defer=False)
+    window = DEFAULT_DEPTH + K + 1
+    print(f"second turn prefix hits: {hits_on} tokens with deferral, {hits_off} without "
+          f"({computed} tokens computed, blocks of {block})")
+    assert computed % block == 2 and window > 2
+    # Every full block of the first turn, less the last one, which vLLM never matches with an
+    # EAGLE drafter (it recomputes it for the hidden states).
+    assert hits_off == (computed // block - 1) * block
+    # Without the blocks holding the last `window` positions too, and no more.
+    assert hits_on == ((computed - window) // block - 1) * block, (hits_on, computed, block)
+    assert 0 < hits_on < hits_off
