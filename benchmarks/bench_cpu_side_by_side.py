@@ -50,6 +50,22 @@ CHAT = [
 ]
 
 
+def cpu_model() -> str:
+    """The processor's name and its AVX-512 / AMX flags: results move with the host (2026-11-25:
+    the same 2-core kind of machine was an AMD EPYC in one session, an Intel Xeon in the next)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        return platform.processor() or "unknown"
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                 if line.startswith("model name")), "unknown")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines()
+                  if line.startswith("flags")), [])
+    wanted = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{name} ({' '.join(wanted) or 'no avx512'})"
+
+
 def loadavg() -> str:
     with open("/proc/loadavg") as f:
         return f.read().strip()
@@ -190,7 +206,8 @@ def main() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv),
               "loadavg_before": loadavg(), "max_tokens": args.max_tokens, "threads": args.threads,
-              "machine": {"cores": os.cpu_count(), "cpu": platform.processor() or platform.machine()},
+              "machine": {"cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
+                          "model": cpu_model()},
               "tok_per_s": {}, "engine_start_s": {}}
     print("loadavg before:", result["loadavg_before"], file=sys.stderr)
 
