@@ -174,11 +174,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // CPU linear layers on bfloat16 (or float32) weights packed by ops/linear/cpp.py.
   m.def("cpu_linear_packed", &specdec::cpu_linear_packed, py::arg("x"), py::arg("packed"),
         py::arg("out_features"), py::arg("bias") = py::none(), py::arg("portable") = false,
-        py::arg("min_parallel_macs") = 100000, py::call_guard<py::gil_scoped_release>());
+        py::call_guard<py::gil_scoped_release>());
   m.def("cpu_linear_packed_vectorized", &specdec::cpu_linear_packed_vectorized);
   // The linear layers' helper threads (csrc/cpu_work_pool.cpp): threads in all, spin time.
   m.def("cpu_pool_configure", &specdec::pool_configure, py::arg("threads"), py::arg("spin_us"));
-  m.def("cpu_pool_threads", &specdec::pool_threads);
   m.def("cpu_pool_spin_us", &specdec::pool_spin_us);
 
   // RMSNorm, rotary and SiLU-and-mul of a CPU decoder layer (ops/{rms_norm,rotary,activation}/cpp.py).

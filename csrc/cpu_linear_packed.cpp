@@ -33,10 +33,10 @@ namespace specdec {
 namespace {
 
 constexpr int64_t kPanel = 32;   // output columns per panel (2 zmm registers)
-// How long the linear layers' helper threads spin for the next call before they sleep: longer
-// than the gaps between a decode step's linear layers (norm, rotary, attention: 10-150 us at
-// batch 1), far shorter than what a spinning thread could cost a busy neighbour.
-constexpr int64_t kDefaultSpinUs = 100;
+// Products of fewer multiply-adds (M * N * K) stay on the calling thread: helpers are cheap to
+// reach while they spin (cpu_work_pool.cpp), not free. The smallest product measured to gain
+// from them is SmolLM2's o projection at one token (332K: 27.9 -> 18.3 us, 2-core Xeon).
+constexpr int64_t kMinParallelMacs = 100000;
 
 #define SPECDEC_AVX512 __attribute__((target("avx512f")))
 
@@ -212,7 +212,7 @@ void pair_chunk(void* ctx, int64_t q) {
 
 template <bool BF16>
 void run(const float* x, int64_t ldx, int64_t M, int64_t K, const void* w, int64_t N,
-         const float* bias, float* y, int64_t ldy, bool vec, int64_t min_parallel_macs) {
+         const float* bias, float* y, int64_t ldy, bool vec) {
   const int64_t panels = (N + kPanel - 1) / kPanel;
   // Rows per cache block: a block's activations (rows x K floats) stay in L2 while the pair's
   // panels stream past them.
@@ -220,9 +220,8 @@ void run(const float* x, int64_t ldx, int64_t M, int64_t K, const void* w, int64
   LinearCall call{x, ldx, M, K, w, N, bias, y, ldy, vec, panels, K * kPanel * (BF16 ? 2 : 4),
                   block};
   const int64_t pairs = (panels + 1) / 2;
-  // Tiny products stay on the calling thread (cpu_work_pool.cpp: helpers are cheap to reach
-  // while they spin, not free). Chunks are panel pairs, claimed one at a time.
-  if (M * N * K < min_parallel_macs) {
+  // Chunks are panel pairs, claimed one at a time.
+  if (M * N * K < kMinParallelMacs) {
     for (int64_t q = 0; q < pairs; ++q) pair_chunk<BF16>(&call, q);
   } else {
     pool_run(pairs, &pair_chunk<BF16>, &call);
@@ -232,8 +231,7 @@ void run(const float* x, int64_t ldx, int64_t M, int64_t K, const void* w, int64
 }  // namespace
 
 at::Tensor cpu_linear_packed(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
-                             const c10::optional<at::Tensor>& bias, bool portable,
-                             int64_t min_parallel_macs) {
+                             const c10::optional<at::Tensor>& bias, bool portable) {
   // Checked here as well as in ops/linear/cpp.py: this is raw pointer arithmetic.
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1,
               "cpu_linear_packed: x must be a 2-D float32 tensor with contiguous rows");
@@ -257,13 +255,13 @@ at::Tensor cpu_linear_packed(const at::Tensor& x, const at::Tensor& packed, int6
   // The helper threads follow torch's thread count (SPECDEC_CPU_THREADS sets it in the engine).
   const int64_t threads = at::get_num_threads();
   if (!pool_configured() || pool_threads() != threads)
-    pool_configure(threads, pool_configured() ? pool_spin_us() : kDefaultSpinUs);
+    pool_configure(threads, pool_spin_us());
   if (packed.scalar_type() == at::kBFloat16)
     run<true>(x.data_ptr<float>(), x.stride(0), M, K, packed.data_ptr(), N, b,
-              y.data_ptr<float>(), N, vec, min_parallel_macs);
+              y.data_ptr<float>(), N, vec);
   else
     run<false>(x.data_ptr<float>(), x.stride(0), M, K, packed.data_ptr(), N, b,
-               y.data_ptr<float>(), N, vec, min_parallel_macs);
+               y.data_ptr<float>(), N, vec);
   return y;
 }
 

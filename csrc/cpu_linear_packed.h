@@ -9,10 +9,8 @@ namespace specdec {
 // ([ceil(N / 32), K, 32]). Same contract as specdec_plugin/ops/linear/widened_reference.py;
 // every output element is one fixed chain of fused multiply-adds over k (row invariant).
 // portable=true runs the portable path even where AVX-512 is available (tests: bit-identical).
-// Products of fewer than min_parallel_macs multiply-adds (M * N * K) run on the calling thread.
 at::Tensor cpu_linear_packed(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
-                             const c10::optional<at::Tensor>& bias, bool portable,
-                             int64_t min_parallel_macs);
+                             const c10::optional<at::Tensor>& bias, bool portable);
 
 // Whether this CPU runs the AVX-512 path (else the portable one).
 bool cpu_linear_packed_vectorized();

@@ -18,7 +18,7 @@ void pool_configure(int64_t threads, int64_t spin_us);
 // Whether pool_configure ran in this process.
 bool pool_configured();
 
-// (threads, spin_us) in force.
+// (threads, spin_us) in force (spin_us: 100 until configured).
 int64_t pool_threads();
 int64_t pool_spin_us();
 

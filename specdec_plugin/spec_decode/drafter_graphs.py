@@ -34,7 +34,8 @@ EAGLE, EAGLE-3 and MTP decode steps are padded to a few fixed shapes instead
 exact-shape keys above remain for the draft model and for steps that cannot be padded.
 
 Steps that draft nothing may skip the pass altogether (deferred_sync.py, ``_defer_step``):
-their inputs are kept and written in one eager pass when the request next needs its drafter.
+their inputs are kept and written in one pass when the request next needs its drafter (with
+graphs, at most 1+K tokens per request, so that pass replays the padded k = 0 graph).
 
 Memory: graphs are recorded after vLLM sized the KV cache, so the worker holds back a
 reservation for them before it does (``reserve_graph_memory``, graph_memory.py), and a
