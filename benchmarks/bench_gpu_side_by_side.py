@@ -8,7 +8,7 @@ per-position acceptance at each batch size, and the ratio ours/native.
 
     python benchmarks/bench_gpu_side_by_side.py --out results/ [--model llama7b-random]
         [--methods none,draft_model,eagle,eagle3,ngram,suffix] [--batches 1,16]
-        [--backends native,ours,ours-static]
+        [--backends native,ours,ours-static,ours-defer]
 
 Models:
 - ``llama7b-random``: the random 7.24B Llama of ../shared/notes/native-baseline.md with random
@@ -98,7 +98,12 @@ BACKENDS = {
     "native": ("native", {}),
     "ours": ("ours", {}),  # adaptive drafting on, as users get it
     "ours-static": ("ours", {"SPECDEC_ADAPTIVE": "0"}),  # K drafts every step, as vLLM does
+    # The drafter's KV sync deferred over plain steps (issue 11); off by default on GPUs.
+    "ours-defer": ("ours", {"SPECDEC_DEFER_DRAFTER_SYNC": "1"}),
 }
+# Variants of ours that change only how drafting runs: nothing to compare for some methods.
+VARIANT_METHODS = {"ours-static": {"draft_model", "eagle", "eagle3", "ngram", "suffix"},
+                   "ours-defer": {"eagle", "eagle3"}}
 
 
 def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> dict:
@@ -141,7 +146,7 @@ def _add_ratios_to_plain(rows: list[dict]) -> None:
     (issue 11's bar: speculation that never costs)."""
     plain = {r["batch"]: r.get("ours_ms_per_token") for r in rows if r["method"] == "none"}
     for r in rows:
-        for name in ("ours", "ours_static", "native"):
+        for name in ("ours", "ours_static", "ours_defer", "native"):
             value, base = r.get(f"{name}_ms_per_token"), plain.get(r["batch"])
             if value and base:
                 r[f"{name}_vs_our_plain"] = value / base
@@ -152,11 +157,13 @@ def _print_table(rows: list[dict]) -> None:
         return "-" if value is None else format(value, spec)
 
     print(f"{'method':<12}{'batch':>6}{'native ms/tok':>15}{'ours ms/tok':>13}{'ratio':>8}"
-          f"{'static ms/tok':>15}{'vs plain':>10}{'native AL':>11}{'ours AL':>9}")
+          f"{'static ms/tok':>15}{'vs plain':>10}{'defer ms/tok':>14}{'vs plain':>10}"
+          f"{'native AL':>11}{'ours AL':>9}")
     for r in rows:
         print(f"{r['method']:<12}{r['batch']:>6}{fmt(r.get('native_ms_per_token')):>15}"
               f"{fmt(r.get('ours_ms_per_token')):>13}{fmt(r.get('ratio_ms_per_token'), '.3f'):>8}"
               f"{fmt(r.get('ours_static_ms_per_token')):>15}{fmt(r.get('ours_vs_our_plain'), '.3f'):>10}"
+              f"{fmt(r.get('ours_defer_ms_per_token')):>14}{fmt(r.get('ours_defer_vs_our_plain'), '.3f'):>10}"
               f"{fmt(r.get('native_acceptance_length')):>11}{fmt(r.get('ours_acceptance_length')):>9}")
 
 
@@ -173,7 +180,8 @@ def _chart(rows: list[dict], path: Path, title: str) -> None:
         x = range(len(sub))
         series = [(name, label) for name, label in (
             ("native", "vLLM native"), ("ours", "specdec_plugin"),
-            ("ours_static", "specdec_plugin, K every step")) if any(f"{name}_ms_per_token" in r for r in sub)]
+            ("ours_static", "specdec_plugin, K every step"),
+            ("ours_defer", "specdec_plugin, drafter sync deferred")) if any(f"{name}_ms_per_token" in r for r in sub)]
         width = 0.8 / len(series)
         for j, (name, label) in enumerate(series):
             ax.bar([i - 0.4 + width * (j + 0.5) for i in x],
@@ -208,7 +216,8 @@ def main() -> None:
                              "and launches on the same runner")
     parser.add_argument("--backends", default="native,ours",
                         help="comma list of " + ", ".join(BACKENDS) + " (ours-static: our plugin "
-                             "with adaptive drafting off, SPECDEC_ADAPTIVE=0)")
+                             "with adaptive drafting off, SPECDEC_ADAPTIVE=0; ours-defer: the drafter's "
+                             "KV sync deferred, SPECDEC_DEFER_DRAFTER_SYNC=1)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "
                              "run_clock_windows) to tell a slow timed run's cause")
@@ -228,7 +237,7 @@ def main() -> None:
     for method in args.methods.split(","):
         results = {}
         backends = args.backends.split(",")
-        for backend in (b for b in backends if specs[method] is not None or b != "ours-static"):
+        for backend in (b for b in backends if method in VARIANT_METHODS.get(b, {method})):
             job = _job(backend, target, specs[method], workload, args)
             t0 = time.perf_counter()
             results[backend] = run_in_subprocess(job, log_path=log)
