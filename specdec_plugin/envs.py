@@ -15,8 +15,8 @@
 - ``SPECDEC_DEFER_DRAFTER_SYNC=0|1``: whether the EAGLE / EAGLE-3 / MTP drafter's pass over
   the new tokens of a step that drafts nothing (k = 0) is deferred, and one pass over a
   request's deferred tokens runs when it next needs its drafter (spec_decode/deferred_sync.py),
-  or runs every step as vLLM does. Default: the device layer's (on for the CPU; off on GPUs
-  and NPUs until it has run there: its async-scheduling and graph paths were only emulated).
+  or runs every step as vLLM does. Default: the device layer's (on for the CPU and CUDA GPUs,
+  where it has run; off on NPUs until it has run on one).
 - ``SPECDEC_ADAPTIVE=0``: draft K tokens every step, as vLLM does, instead of letting the
   adaptive controller choose 0..K per step from observed acceptance and measured step costs
   (default on; a user-given ``num_speculative_tokens_per_batch_size`` also turns it off).
@@ -74,7 +74,7 @@ def drafter_padding() -> bool:
 
 
 def defer_drafter_sync() -> bool:
-    # Unset: "0" here; the CPU device layer sets "1" in its process_env (device/cpu.py).
+    # Unset: "0" here; the CPU and CUDA device layers set "1" in their process_env.
     return os.environ.get("SPECDEC_DEFER_DRAFTER_SYNC", "0").strip().lower() in _TRUE
 
 

@@ -251,14 +251,14 @@ def test_uncache_window_only_with_prefix_caching_and_an_eagle_drafter(monkeypatc
         return SimpleNamespace(speculative_config=spec,
                                cache_config=SimpleNamespace(enable_prefix_caching=prefix))
 
-    monkeypatch.setenv("SPECDEC_DEFER_DRAFTER_SYNC", "1")  # what the CPU device layer sets
+    monkeypatch.setenv("SPECDEC_DEFER_DRAFTER_SYNC", "1")  # what the CPU and CUDA layers set
     assert uncache_window(config()) == DEFAULT_DEPTH + 3 + 1
     assert uncache_window(config(k=10)) == 11 + 10 + 1
     assert uncache_window(config(prefix=False)) is None
     assert uncache_window(config(method="draft_model")) is None
     monkeypatch.setenv("SPECDEC_DEFER_DRAFTER_SYNC", "0")
     assert uncache_window(config()) is None
-    monkeypatch.delenv("SPECDEC_DEFER_DRAFTER_SYNC")  # unset: off (GPUs, NPUs) unless a layer sets it
+    monkeypatch.delenv("SPECDEC_DEFER_DRAFTER_SYNC")  # unset: off (NPUs) unless a layer sets it
     assert uncache_window(config()) is None
 
 

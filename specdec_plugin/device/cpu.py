@@ -43,7 +43,7 @@ class CpuDevice(DeviceLayer):
         "OMP_WAIT_POLICY": "PASSIVE",
         # Deferred drafter KV sync (spec_decode/deferred_sync.py) by default here, where it was
         # measured (drafter time per plain step 2.96 -> 1.13 ms at batch 1); a user's setting
-        # wins. Other devices leave it off until it has run on them.
+        # wins. CUDA sets it too (device/cuda.py); NPUs leave it off until it has run on one.
         "SPECDEC_DEFER_DRAFTER_SYNC": "1",
     }
 

@@ -26,6 +26,11 @@ class CudaDevice(DeviceLayer):
     # Host n-gram matching keeps vLLM's scheduling synchronous: with every draft rejected that
     # cost 1.29-1.36x of plain decoding on the H100 (issue 11); on the device it overlaps.
     ngram_on_device: ClassVar[bool] = True
+    # Deferred drafter KV sync (spec_decode/deferred_sync.py) by default, as on the CPU: on the
+    # H100 (2026-11-25, session 13) the GPU tests passed with it (34 of 34) and, with every
+    # draft rejected, EAGLE-3 went from 1.06-1.11x to 1.03-1.06x of plain decoding. A user's
+    # setting wins (config_defaults.apply_defaults uses setdefault).
+    process_env: ClassVar[dict[str, str]] = {"SPECDEC_DEFER_DRAFTER_SYNC": "1"}
     # Graph replays are quick to time: measure more sizes.
     step_cost_budget_s = 10.0
     # Inductor fuses the norm / rotary / activation code between our attention calls, as on
