@@ -8,7 +8,7 @@ per-position acceptance at each batch size, and the ratio ours/native.
 
     python benchmarks/bench_gpu_side_by_side.py --out results/ [--model llama7b-random]
         [--methods none,draft_model,eagle,eagle3,ngram,suffix] [--batches 1,16]
-        [--backends native,ours,ours-static,ours-defer]
+        [--backends native,ours,ours-static,ours-defer,ours-nodefer,ours-async,native-async]
 
 Models:
 - ``llama7b-random``: the random 7.24B Llama of ../shared/notes/native-baseline.md with random
@@ -98,12 +98,22 @@ BACKENDS = {
     "native": ("native", {}),
     "ours": ("ours", {}),  # adaptive drafting on, as users get it
     "ours-static": ("ours", {"SPECDEC_ADAPTIVE": "0"}),  # K drafts every step, as vLLM does
-    # The drafter's KV sync deferred over plain steps (issue 11); off by default on GPUs.
+    # The drafter's KV sync deferred over plain steps (issue 11; the CUDA default since
+    # session 13, so "ours" has it too unless the environment sets it to 0).
     "ours-defer": ("ours", {"SPECDEC_DEFER_DRAFTER_SYNC": "1"}),
+    "ours-nodefer": ("ours", {"SPECDEC_DEFER_DRAFTER_SYNC": "0"}),
+    "ours-async": ("ours", {}),  # + ENGINE_OVERRIDES
+    "native-async": ("native", {}),
 }
-# Variants of ours that change only how drafting runs: nothing to compare for some methods.
+# Variants that change the engine's arguments, not its environment. vLLM 0.26 leaves async
+# scheduling off by default for the draft model but accepts it when asked (config/vllm.py):
+# measured against the default, each side, before either platform turns it on for users.
+ENGINE_OVERRIDES = {"ours-async": {"async_scheduling": True},
+                    "native-async": {"async_scheduling": True}}
+# Variants that change only how drafting runs: nothing to compare for some methods.
 VARIANT_METHODS = {"ours-static": {"draft_model", "eagle", "eagle3", "ngram", "suffix"},
-                   "ours-defer": {"eagle", "eagle3"}}
+                   "ours-defer": {"eagle", "eagle3"}, "ours-nodefer": {"eagle", "eagle3"},
+                   "ours-async": {"draft_model"}, "native-async": {"draft_model"}}
 
 
 def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> dict:
@@ -115,6 +125,7 @@ def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> 
         engine["speculative_config"] = spec
     if args.jit_verbose:
         engine["jit_monitor_verbose"] = True  # log every Triton compile, not one per kernel
+    engine.update(ENGINE_OVERRIDES.get(backend, {}))
     runner_backend, env = BACKENDS[backend]
     job = {"backend": runner_backend, "model": target, "engine": engine,
            "max_tokens": args.max_tokens, "batches": args.batches, "repeats": args.repeats,
@@ -146,7 +157,8 @@ def _add_ratios_to_plain(rows: list[dict]) -> None:
     (issue 11's bar: speculation that never costs)."""
     plain = {r["batch"]: r.get("ours_ms_per_token") for r in rows if r["method"] == "none"}
     for r in rows:
-        for name in ("ours", "ours_static", "ours_defer", "native"):
+        for name in ("ours", "ours_static", "ours_defer", "ours_nodefer", "ours_async", "native",
+                     "native_async"):
             value, base = r.get(f"{name}_ms_per_token"), plain.get(r["batch"])
             if value and base:
                 r[f"{name}_vs_our_plain"] = value / base
@@ -181,7 +193,10 @@ def _chart(rows: list[dict], path: Path, title: str) -> None:
         series = [(name, label) for name, label in (
             ("native", "vLLM native"), ("ours", "specdec_plugin"),
             ("ours_static", "specdec_plugin, K every step"),
-            ("ours_defer", "specdec_plugin, drafter sync deferred")) if any(f"{name}_ms_per_token" in r for r in sub)]
+            ("ours_defer", "specdec_plugin, drafter sync deferred"),
+            ("ours_nodefer", "specdec_plugin, drafter sync every step"),
+            ("ours_async", "specdec_plugin, async scheduling"),
+            ("native_async", "vLLM native, async scheduling")) if any(f"{name}_ms_per_token" in r for r in sub)]
         width = 0.8 / len(series)
         for j, (name, label) in enumerate(series):
             ax.bar([i - 0.4 + width * (j + 0.5) for i in x],
@@ -217,7 +232,8 @@ def main() -> None:
     parser.add_argument("--backends", default="native,ours",
                         help="comma list of " + ", ".join(BACKENDS) + " (ours-static: our plugin "
                              "with adaptive drafting off, SPECDEC_ADAPTIVE=0; ours-defer: the drafter's "
-                             "KV sync deferred, SPECDEC_DEFER_DRAFTER_SYNC=1)")
+                             "KV sync deferred, SPECDEC_DEFER_DRAFTER_SYNC=1, ours-nodefer =0; ours-async, "
+                             "native-async: draft model with async_scheduling=True)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "
                              "run_clock_windows) to tell a slow timed run's cause")
