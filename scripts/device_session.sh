@@ -24,7 +24,7 @@ step=$1; shift
 case "$step" in
 setup)
     python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -3
-    python3 -c "import specdec_plugin, specdec_plugin._C, vllm; print('plugin', specdec_plugin.__file__, 'vllm', vllm.__version__)"
+    python3 -c "import torch, specdec_plugin, specdec_plugin._C, vllm; print('plugin', specdec_plugin.__file__, 'vllm', vllm.__version__)"
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
     ;;
 kernels)
