@@ -56,3 +56,83 @@ def test_every_tile_class_is_launched_split_and_unsplit(monkeypatch):
 def test_layers_without_our_attention_or_cache_are_skipped():
     runner = _runner(torch.tensor([]))  # before the KV cache is bound
     assert compile_attention_variants(runner) == 0
+
+
+# ---- compile_spec_decode_kernels: the speculative step's kernels ----
+
+class _Spy:
+    """Stands in for a Triton kernel: records each launch's arguments, then launches."""
+
+    def __init__(self, kernel, calls: list):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        def launch(*args, **constexprs):
+            self.calls.append((args, constexprs))
+            return self.kernel[grid](*args, **constexprs)
+        return launch
+
+
+def _dtypes(args) -> list:
+    return [a.dtype for a in args if isinstance(a, torch.Tensor)]
+
+
+def _spec_runner(device, k, drafter=True, rates=None):
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        device_layer=SimpleNamespace(kernel_providers=("triton", "torch")), device=device,
+        model_config=SimpleNamespace(get_vocab_size=lambda: 96),
+        rejection_sampler=SimpleNamespace(synthetic_conditional_rates=rates),
+        drafter=SimpleNamespace(prepare_next_token_ids_padded=object()) if drafter else None)
+
+
+@pytest.mark.parametrize("synthetic", [False, True])
+def test_spec_decode_kernels_launch_the_variants_served_steps_compiled(monkeypatch, synthetic):
+    """The variants and argument dtypes are those vLLM's JIT monitor printed for the first
+    request of EAGLE-family engines on the H100 (2026-11-25): all-greedy rejection
+    (HAS_IS_GREEDY=False; SYNTHETIC=True in the benchmarks), next-token and input preparation
+    on int32 / bool buffers."""
+    from specdec_plugin.ops.rejection import triton as rejection
+    from specdec_plugin.ops.spec_prep import triton as spec_prep
+    from specdec_plugin.worker.kernel_warmup import compile_spec_decode_kernels
+    from tests.ops.providers import small_shape_device
+
+    device = small_shape_device()
+    calls = {name: [] for name in ("greedy", "next", "prepare")}
+    monkeypatch.setattr(rejection, "_greedy_kernel", _Spy(rejection._greedy_kernel, calls["greedy"]))
+    monkeypatch.setattr(spec_prep, "_next_token_padded_kernel",
+                        _Spy(spec_prep._next_token_padded_kernel, calls["next"]))
+    monkeypatch.setattr(spec_prep, "_prepare_inputs_padded_kernel",
+                        _Spy(spec_prep._prepare_inputs_padded_kernel, calls["prepare"]))
+    k = 4
+    rates = torch.rand(k, device=device) if synthetic else None
+
+    ops = compile_spec_decode_kernels(_spec_runner(device, k, rates=rates))
+
+    assert ops == ["rejection_greedy_sample", "eagle_prepare_next_token_padded",
+                   "eagle_prepare_inputs_padded"]
+    assert len(calls["greedy"]) == k  # one per draft length 1..K
+    for args, constexprs in calls["greedy"]:
+        assert constexprs == {"HAS_IS_GREEDY": False, "SYNTHETIC": synthetic, "BLOCK": 16}
+        out, _, cu, draft, argmax, bonus = args[:6]
+        assert [t.dtype for t in (out, cu, draft, argmax, bonus)] == [
+            torch.int32, torch.int32, torch.int32, torch.int64, torch.int32]
+        if synthetic:
+            assert [args[7].dtype, args[8].dtype] == [torch.float64, torch.float32]
+    assert [c["BLOCK"] for _, c in calls["next"]] == [16] * (k + 1)  # 1 column, then 2..1+K
+    for args, _ in calls["next"]:
+        assert _dtypes(args) == [torch.int32, torch.bool, torch.int32, torch.int32, torch.int32]
+        assert args[-1] == args[0].shape[1]  # num_cols: every column is read
+    (args, constexprs), = calls["prepare"]
+    assert constexprs == {"BLOCK": 128} and set(_dtypes(args)) == {torch.int32}
+
+
+def test_spec_decode_kernels_without_a_padded_drafter_warm_only_the_sampler():
+    from specdec_plugin.worker.kernel_warmup import compile_spec_decode_kernels
+    from tests.ops.providers import small_shape_device
+
+    device = small_shape_device()
+    assert compile_spec_decode_kernels(_spec_runner(device, 3, drafter=False)) == [
+        "rejection_greedy_sample"]  # n-gram and suffix
+    none = SimpleNamespace(speculative_config=None)
+    assert compile_spec_decode_kernels(none) == []  # no speculation

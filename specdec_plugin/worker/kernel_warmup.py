@@ -1,4 +1,5 @@
-"""Compile at engine start the attention kernel variants that serving launches.
+"""Compile at engine start the kernel variants that serving launches: attention's
+(``compile_attention_variants``) and the speculative step's (``compile_spec_decode_kernels``).
 
 A Triton kernel compiles once per set of constexpr values, and a compile in the middle of
 serving stalls that step for a second or more. Our paged attention kernel
@@ -72,3 +73,61 @@ def compile_attention_variants(runner) -> int:
                                 plan_seq_len=plan_seq_len)
                 launches += 1
     return launches  # compiled on the host at launch: nothing to wait for
+
+
+def compile_spec_decode_kernels(runner) -> list[str]:
+    """Launch once, at start-up, the speculative kernels a served step needs and that vLLM's
+    own warm-up does not reach; returns the ops launched. Only for Triton-provider devices.
+
+    Seen on the H100 (JIT monitor, 2026-11-25): every EAGLE, EAGLE-3, MTP and draft-model engine
+    compiled ``_greedy_kernel``, ``_next_token_padded_kernel`` and
+    ``_prepare_inputs_padded_kernel`` at its first request (n-gram and suffix the first), about
+    a second that request waits. vLLM's V1 sampler warm-up runs the rejection sampler with
+    temperature 0.5 only (the greedy kernel's mixed-batch variant), and its drafters' input
+    preparation runs first inside ``propose``. The launches below use the live calls' argument
+    dtypes (those the JIT monitor printed) on one request, so they compile the same variants.
+    """
+    spec = getattr(runner, "speculative_config", None)
+    if spec is None:
+        return []
+    from types import SimpleNamespace
+
+    from specdec_plugin.ops.registry import get_kernel
+    from specdec_plugin.spec_decode.rejection_sampler import rejection_sample
+
+    providers = tuple(runner.device_layer.kernel_providers)
+    device, k = runner.device, int(spec.num_speculative_tokens)
+    vocab = int(runner.model_config.get_vocab_size())
+    launched = []
+
+    # All-greedy batches (temperature 0 everywhere: no is_greedy mask). Adaptive drafting
+    # verifies 1..K drafts per step; the kernel's block follows the longest.
+    rates = getattr(getattr(runner, "rejection_sampler", None), "synthetic_conditional_rates", None)
+    all_greedy = SimpleNamespace(all_greedy=True, all_random=False, generators={}, temperature=None)
+    for drafts in range(1, k + 1):
+        draft_ids = torch.randint(0, vocab, (drafts,), dtype=torch.int32, device=device)
+        logits = torch.randn(drafts, vocab, dtype=torch.float32, device=device)
+        bonus = torch.randint(0, vocab, (1, 1), dtype=torch.int32, device=device)
+        cu = torch.tensor([drafts], dtype=torch.int32, device=device)
+        rejection_sample(draft_ids, [drafts], drafts, cu, None, logits, bonus, all_greedy,
+                         synthetic_conditional_rates=rates, providers=providers)
+    launched.append("rejection_greedy_sample")
+
+    # The padded drafter batch's input preparation (EAGLE family and draft model), for plain
+    # steps (1 sampled column) and every verification width up to 1+K.
+    if hasattr(getattr(runner, "drafter", None), "prepare_next_token_ids_padded"):
+        for cols in sorted({1, *range(2, k + 2)}):
+            sampled = torch.randint(0, vocab, (1, cols), dtype=torch.int32, device=device)
+            get_kernel("eagle_prepare_next_token_padded", providers)(
+                sampled, torch.zeros(1, dtype=torch.bool, device=device),
+                torch.zeros(1, dtype=torch.int32, device=device),
+                torch.empty(1, dtype=torch.int32, device=device),
+                torch.empty(1, dtype=torch.int32, device=device), vocab, cols, 1)
+        get_kernel("eagle_prepare_inputs_padded", providers)(
+            torch.tensor([k], dtype=torch.int32, device=device),
+            torch.tensor([k + 1], dtype=torch.int32, device=device),
+            torch.tensor([0, k + 1], dtype=torch.int32, device=device),
+            torch.empty(1, dtype=torch.int32, device=device),
+            torch.empty(1, dtype=torch.int32, device=device), 1)
+        launched += ["eagle_prepare_next_token_padded", "eagle_prepare_inputs_padded"]
+    return launched

@@ -20,7 +20,10 @@ from specdec_plugin.log import init_logger
 from specdec_plugin.spec_decode.ngram_device import NgramTrimReportMixin
 from specdec_plugin.spec_decode.rejection_sampler import SpecDecRejectionSampler
 from specdec_plugin.spec_decode.runner_drafters import install_drafter
-from specdec_plugin.worker.kernel_warmup import compile_attention_variants
+from specdec_plugin.worker.kernel_warmup import (
+    compile_attention_variants,
+    compile_spec_decode_kernels,
+)
 from specdec_plugin.worker.memory_accounting import reserve_attention_workspaces
 
 logger = init_logger(__name__)
@@ -64,6 +67,20 @@ class SpecDecModelRunner(AdaptiveGraphsMixin, NgramTrimReportMixin, GPUModelRunn
                 launches = compile_attention_variants(self)
             logger.info("specdec_plugin: %d attention kernel variants launched at start-up "
                         "(%.1f s)", launches, time.perf_counter() - start)
+            # And the speculative step's own kernels that vLLM's warm-up leaves to the first
+            # request. A warm-up only saves time: a failure here is logged, never fatal.
+            start = time.perf_counter()
+            try:
+                with torch.inference_mode():
+                    ops = compile_spec_decode_kernels(self)
+            except Exception as error:  # noqa: BLE001
+                logger.warning("specdec_plugin: speculative kernel warm-up failed (%s: %s); "
+                               "they compile at the first request instead",
+                               type(error).__name__, error)
+            else:
+                if ops:
+                    logger.info("specdec_plugin: speculative kernels launched at start-up: %s "
+                                "(%.1f s)", ", ".join(ops), time.perf_counter() - start)
         return graph_bytes
 
     # Deferred drafter KV sync (spec_decode/deferred_sync.py): the drafter keeps skipped
