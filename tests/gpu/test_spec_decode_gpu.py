@@ -80,6 +80,8 @@ def _jobs(smollm2: str) -> dict[str, dict]:
         for method in METHODS:
             target = mimo if method == "mtp" else smollm2
             jobs[f"ours/{dtype}/{method}"] = job("ours", target, dtype, _spec(method))
+        # Every compile logged, not the first per kernel (test_draft_model_expansion_...).
+        jobs[f"ours/{dtype}/draft_model"]["engine"]["jit_monitor_verbose"] = True
     for method in NATIVE_METHODS:
         target = mimo if method == "mtp" else smollm2
         jobs[f"native/bfloat16/{method}"] = job("native", target, "bfloat16", _native_spec(method))
@@ -247,3 +249,14 @@ def test_draft_model_with_async_scheduling(results):
     _, with_async = _tokens(results, name)
     _, without = _tokens(results, "ours/float32/draft_model")
     assert with_async["acceptance_length"] == pytest.approx(without["acceptance_length"], rel=0.02)
+
+
+def test_draft_model_expansion_kernel_compiles_once(results):
+    """The draft model's input-expansion kernel compiled four variants while one engine served
+    batches 1, 16 and 64 (H100, session 13): its token counts were specialised (1, multiples
+    of 16, other). They no longer are, so it compiles once (at the first request: it is not in
+    the start-up warm-up yet). The draft-model jobs log every compile (jit_monitor_verbose)."""
+    for dtype in ("bfloat16", "float32"):
+        expand = [e for e in results[f"ours/{dtype}/draft_model"]["jit_events"]
+                  if e["kernel"] == "_eagle_expand_kernel"]
+        assert len(expand) <= 1, f"draft_model {dtype}: {expand}"

@@ -182,7 +182,9 @@ def eagle_prepare_next_token_padded(
     )
 
 
-@triton.jit(do_not_specialize=["total_input_tokens"])
+# The token counts change every step: specialised (1, a multiple of 16, other), they compiled
+# four variants while a draft-model engine served batches 1, 16 and 64 (H100, 2026-11-25).
+@triton.jit(do_not_specialize=["total_input_tokens", "num_out", "num_hidden"])
 def _eagle_expand_kernel(
     tok_ptr, tpos_ptr, next_ptr, out_ids_ptr, out_pos_ptr, out_rej_ptr, out_masked_ptr,
     out_new_ptr, out_hidden_ptr, qsl_ptr, qend_ptr, padding_token_id, parallel_token_id,
