@@ -81,11 +81,13 @@ def compile_spec_decode_kernels(runner) -> list[str]:
 
     Seen on the H100 (JIT monitor, 2026-11-25): every EAGLE, EAGLE-3, MTP and draft-model engine
     compiled ``_greedy_kernel``, ``_next_token_padded_kernel`` and
-    ``_prepare_inputs_padded_kernel`` at its first request (n-gram and suffix the first), about
-    a second that request waits. vLLM's V1 sampler warm-up runs the rejection sampler with
+    ``_prepare_inputs_padded_kernel`` at its first request (n-gram and suffix engines the
+    greedy kernel alone), about a second that request waits. vLLM's V1 sampler warm-up runs the rejection sampler with
     temperature 0.5 only (the greedy kernel's mixed-batch variant), and its drafters' input
     preparation runs first inside ``propose``. The launches below use the live calls' argument
     dtypes (those the JIT monitor printed) on one request, so they compile the same variants.
+    Called from ``capture_model``: engines without graphs (``enforce_eager``) still compile
+    these at their first request, as they do the attention variants.
     """
     spec = getattr(runner, "speculative_config", None)
     if spec is None:
