@@ -241,18 +241,35 @@ class DeferredDrafterSync:
             self.device, non_blocking=True)
 
 
+def _extra_slot_lines_up(drafter) -> bool:
+    """Whether the drafter's inserted slots still line up with kept tokens: true for the draft
+    model (vLLM's ``DraftModelProposer``), which reads no hidden states and inserts exactly one
+    slot per request, the next token at the position after the request's last (vLLM's
+    ``set_inputs_first_pass``). A flush then passes the kept tokens unshifted with the step's
+    first target token as the next token: the drafter writes its KV at the kept positions and
+    at the step's first position, which the step's own pass writes again with the same token.
+    Other inserted-slot layouts (parallel drafting, DFlash) are not mapped here."""
+    return (drafter.needs_extra_input_slots and not drafter.pass_hidden_states_to_model
+            and drafter.net_num_new_slots_per_request == 1
+            and drafter.extra_slots_per_request == 1)
+
+
 def make_deferred_sync(drafter, runner) -> DeferredDrafterSync | None:
-    """The deferral for an EAGLE / EAGLE-3 / MTP drafter, or None where it does not apply:
-    switched off, the draft model (it inserts a slot per request, ``needs_extra_input_slots``,
-    so kept tokens would not line up with its inputs), parallel drafting, M-RoPE / XD-RoPE
-    positions, multimodal or heterogeneous-vocabulary drafters, and data parallelism (ranks
-    would run different passes, and the drafter's collectives must match)."""
+    """The deferral for an EAGLE / EAGLE-3 / MTP drafter or a draft model, or None where it
+    does not apply: switched off, other drafters that insert slots per request (kept tokens
+    would not line up with their inputs, ``_extra_slot_lines_up``), parallel drafting, M-RoPE /
+    XD-RoPE positions, multimodal or heterogeneous-vocabulary drafters, and data parallelism
+    (ranks would run different passes, and the drafter's collectives must match).
+
+    The draft model was left out until issue 11's CPU run: its pass at k = 0 (1.9 ms at batch
+    1, 2.4 ms at batch 8, against a 25-41 ms target step) held adaptive drafting on chat, where
+    the controller drafts nothing most steps, at about 0.9x of no speculation."""
     from specdec_plugin import envs
 
     if runner is None or not envs.defer_drafter_sync():
         return None
     config = drafter.vllm_config
-    if (drafter.needs_extra_input_slots
+    if ((drafter.needs_extra_input_slots and not _extra_slot_lines_up(drafter))
             or drafter.parallel_drafting or drafter.uses_mrope or drafter.uses_xdrope_dim > 0
             or drafter.supports_mm_inputs or getattr(drafter, "use_heterogeneous_vocab", False)
             or config.parallel_config.data_parallel_size > 1):
@@ -309,7 +326,8 @@ def uncache_window(vllm_config) -> int | None:
     from specdec_plugin import envs
 
     spec = vllm_config.speculative_config
-    if (spec is None or not spec.use_eagle() or not envs.defer_drafter_sync()
+    if (spec is None or not (spec.use_eagle() or spec.uses_draft_model())
+            or not envs.defer_drafter_sync()
             or not vllm_config.cache_config.enable_prefix_caching):
         return None
     k = spec.num_speculative_tokens or 0
