@@ -1,8 +1,8 @@
 """Deferred drafter KV sync: a step that drafts nothing runs no drafter pass.
 
-Why: vLLM's EAGLE-family ``propose`` runs the drafter's first pass over the step's new tokens
-even when the step drafts nothing (``num_speculative_tokens == 0``), so that the drafter's KV
-cache holds every position when drafting resumes. When drafts keep missing, the adaptive
+Why: vLLM's EAGLE-family and draft-model ``propose`` runs the drafter's first pass over the
+step's new tokens even when the step drafts nothing (``num_speculative_tokens == 0``), so that
+the drafter's KV cache holds every position when drafting resumes. When drafts keep missing, the adaptive
 controller drafts nothing almost every step, and that pass, which reads all of the drafter's
 weights for one token per request, was most of what speculation still cost (H100, EAGLE-3,
 every draft rejected: 1.03-1.09x of plain decoding, BENCHMARKS.md).
@@ -269,8 +269,14 @@ def make_deferred_sync(drafter, runner) -> DeferredDrafterSync | None:
     if runner is None or not envs.defer_drafter_sync():
         return None
     config = drafter.vllm_config
-    if ((drafter.needs_extra_input_slots and not _extra_slot_lines_up(drafter))
-            or drafter.parallel_drafting or drafter.uses_mrope or drafter.uses_xdrope_dim > 0
+    extra_slot = drafter.needs_extra_input_slots
+    if extra_slot and not _extra_slot_lines_up(drafter):
+        return None
+    if extra_slot and getattr(drafter, "_graph_device", None) is not None:
+        # Measured on the CPU only. With drafter graphs the draft model is not padded
+        # (drafter_padding.py), so each flush shape would record a graph of its own.
+        return None
+    if (drafter.parallel_drafting or drafter.uses_mrope or drafter.uses_xdrope_dim > 0
             or drafter.supports_mm_inputs or getattr(drafter, "use_heterogeneous_vocab", False)
             or config.parallel_config.data_parallel_size > 1):
         return None
