@@ -12,11 +12,12 @@
 - ``SPECDEC_DRAFTER_PADDING=0``: record EAGLE / EAGLE-3 / MTP drafter graphs per exact batch
   shape, the first time each shape is met while serving, instead of padding batches to a few
   shapes that are all recorded at engine start (spec_decode/drafter_padding.py). Default on.
-- ``SPECDEC_DEFER_DRAFTER_SYNC=0|1``: whether the EAGLE / EAGLE-3 / MTP drafter's pass over
-  the new tokens of a step that drafts nothing (k = 0) is deferred, and one pass over a
-  request's deferred tokens runs when it next needs its drafter (spec_decode/deferred_sync.py),
-  or runs every step as vLLM does. Default: the device layer's (on for the CPU and CUDA GPUs,
-  where it has run; off on NPUs until it has run on one).
+- ``SPECDEC_DEFER_DRAFTER_SYNC=0|1``: whether the EAGLE / EAGLE-3 / MTP drafter's pass (and,
+  where drafter graphs are off, as on the CPU, the draft model's) over the new tokens of a
+  step that drafts nothing (k = 0) is deferred, and one pass over a request's deferred tokens
+  runs when it next needs its drafter (spec_decode/deferred_sync.py), or runs every step as
+  vLLM does. Default: the device layer's (on for the CPU and CUDA GPUs, where it has run; off
+  on NPUs until it has run on one).
 - ``SPECDEC_ADAPTIVE=0``: draft K tokens every step, as vLLM does, instead of letting the
   adaptive controller choose 0..K per step from observed acceptance and measured step costs
   (default on; a user-given ``num_speculative_tokens_per_batch_size`` also turns it off).

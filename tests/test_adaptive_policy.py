@@ -104,6 +104,29 @@ def test_deferred_drafter_sync_charges_a_plain_step_a_share_of_one_longer_pass()
     assert "drafter_sync_every" not in raw and CostTable.from_json(raw) == every_step
 
 
+def test_the_drafter_lm_head_is_charged_once_per_draft_token():
+    # Issue 11 on the CPU, draft model at batch 1 (measured, ms): target 23.8 at 1 token and
+    # 24.5 at 2 (LM head and argmax included), drafter pass 0.7, drafter LM head 0.63, its
+    # k = 0 pass deferred over 8 steps. Without the drafter's head a first-position
+    # acceptance of 0.15 looked worth drafting; with it, drafting pays from about 0.17.
+    base = dict(token_counts=(1, 2, 4), target_s=(23.8e-3, 24.5e-3, 24.6e-3),
+                drafter_s=(0.70e-3, 0.73e-3, 0.73e-3), drafter_syncs_at_zero=True,
+                drafter_sync_every=8)
+    without = CostTable(**base)
+    table = CostTable(**base, drafter_sample_s=(0.63e-3, 0.65e-3, 0.78e-3))
+    assert table.step_time(1, 0) == without.step_time(1, 0)  # k = 0 samples no draft
+    assert table.step_time(1, 3) == pytest.approx(without.step_time(1, 3) + 3 * 0.63e-3)
+    assert table.step_time(2, 1) == pytest.approx(without.step_time(2, 1) + 0.65e-3)
+    assert CostTable.from_json(table.to_json()) == table
+    with pytest.raises(ValueError):
+        CostTable(**base, drafter_sample_s=(1.0,))
+    rates = np.array([[0.15, 0.3, 0.3]])
+    assert choose_draft_length(rates, without, range(4)).k > 0
+    assert choose_draft_length(rates, table, range(4)).k == 0
+    # Drafts that land still pay: code prompts accept about 0.75/0.62/0.53 (BENCHMARKS.md).
+    assert choose_draft_length(np.array([[0.75, 0.62, 0.53]]), table, range(4)).k == 3
+
+
 def test_acceptance_counts_only_tested_positions():
     tracker = AcceptanceTracker(AcceptanceSettings(max_k=4, prior_weight=1e-9, pool_weight=1e-9,
                                                    decay=1.0))

@@ -240,13 +240,14 @@ def test_tail_blocks_cover_every_position_that_may_be_unwritten():
             assert {p // 16 for p in range(max(n - window, 0), n)} == blocks
 
 
-def test_uncache_window_only_with_prefix_caching_and_an_eagle_drafter(monkeypatch):
+def test_uncache_window_only_with_prefix_caching_and_a_drafter_model(monkeypatch):
     from types import SimpleNamespace
 
     from specdec_plugin.spec_decode.deferred_sync import DEFAULT_DEPTH, uncache_window
 
     def config(method="eagle3", k=3, prefix=True):
         spec = SimpleNamespace(use_eagle=lambda: method in ("eagle", "eagle3", "mtp"),
+                               uses_draft_model=lambda: method == "draft_model",
                                num_speculative_tokens=k)
         return SimpleNamespace(speculative_config=spec,
                                cache_config=SimpleNamespace(enable_prefix_caching=prefix))
@@ -255,7 +256,8 @@ def test_uncache_window_only_with_prefix_caching_and_an_eagle_drafter(monkeypatc
     assert uncache_window(config()) == DEFAULT_DEPTH + 3 + 1
     assert uncache_window(config(k=10)) == 11 + 10 + 1
     assert uncache_window(config(prefix=False)) is None
-    assert uncache_window(config(method="draft_model")) is None
+    assert uncache_window(config(method="draft_model")) == DEFAULT_DEPTH + 3 + 1
+    assert uncache_window(config(method="ngram")) is None
     monkeypatch.setenv("SPECDEC_DEFER_DRAFTER_SYNC", "0")
     assert uncache_window(config()) is None
     monkeypatch.delenv("SPECDEC_DEFER_DRAFTER_SYNC")  # unset: off (NPUs) unless a layer sets it

@@ -50,7 +50,11 @@ def _recorded(worker):
     return drafter.recorded, counts, (None if sync is None else sync.depth, padded_k0)
 
 
-def _run(smollm2_path, defer: bool, prefix_caching: bool, graphs: bool = False):
+_PROPOSERS = {"eagle3": "SpecDecEagleProposer", "draft_model": "SpecDecDraftModelProposer"}
+
+
+def _run(smollm2_path, defer: bool, prefix_caching: bool, graphs: bool = False,
+         method: str = "eagle3"):
     """``graphs``: drafter graphs emulated on the host (tests/drafter_graphs_host_replay.py),
     as on a GPU: padded graphs, and flushes of at most 1+K tokens replaying them."""
     from vllm import LLM, SamplingParams
@@ -73,10 +77,10 @@ def _run(smollm2_path, defer: bool, prefix_caching: bool, graphs: bool = False):
     try:
         llm = LLM(model=smollm2_path, dtype="float32", max_model_len=1024, seed=0,
                   max_num_seqs=3, enable_prefix_caching=prefix_caching,
-                  speculative_config=spec_config("eagle3", smollm2_path),
+                  speculative_config=spec_config(method, smollm2_path),
                   scheduler_cls="tests.forced_draft_lengths.ForcedDraftLengthScheduler")
         try:
-            assert llm.collective_rpc(_record_drafts) == ["SpecDecEagleProposer"]
+            assert llm.collective_rpc(_record_drafts) == [_PROPOSERS[method]]
             params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
                       for n in MAX_TOKENS]
             outs = llm.generate(PROMPTS, params)
@@ -119,6 +123,29 @@ def test_drafts_are_the_same_with_deferral_on_and_off(runs):
           f"tokens dropped; {len(drafting)} drafting steps of {len(recorded_off)} compared")
     mismatched = [i for i, d in drafting if recorded_on[i][2] != d]
     assert not mismatched, [(recorded_on[i], recorded_off[i]) for i in mismatched[:3]]
+
+
+def test_draft_model_drafts_are_the_same_with_deferral_on_and_off(smollm2_path, engines):
+    # The draft model inserts the next token after each request's tokens
+    # (deferred_sync._extra_slot_lines_up): a flush writes the kept positions and the step's
+    # first one, which the step's own pass then writes again with the same token.
+    tokens_on, recorded_on, counts_on, _ = _run(smollm2_path, True, prefix_caching=True,
+                                                method="draft_model")
+    tokens_off, recorded_off, counts_off, _ = _run(smollm2_path, False, prefix_caching=True,
+                                                   method="draft_model")
+    assert counts_off is None
+    assert counts_on[0] > 20 and counts_on[1] > 5, counts_on
+    assert tokens_on == tokens_off
+    assert [(k, ids) for k, ids, _ in recorded_on] == [(k, ids) for k, ids, _ in recorded_off]
+    drafting = [(i, d) for i, (k, _, d) in enumerate(recorded_off) if k > 0]
+    assert len(drafting) > 10
+    mismatched = [i for i, d in drafting if recorded_on[i][2] != d]
+    assert not mismatched, [(recorded_on[i], recorded_off[i]) for i in mismatched[:3]]
+    from vllm import SamplingParams
+
+    plain = engines.get(smollm2_path, enable_prefix_caching=False)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    assert tokens_on == [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
 
 
 def test_greedy_output_equals_no_speculation(runs, engines, smollm2_path):

@@ -6,14 +6,16 @@ interpolates between those points (linearly; past the last point, along the last
 
 A step that verifies k drafts for each of n requests and drafts k more costs, in steady state:
 
-    target(n*(1+k))                          verification
+    target(n*(1+k))                          verification (forward pass, LM head, argmax)
   + drafter(n*(1+k)) + (k-1) * drafter(n)    drafting: one pass over the verified tokens,
                                              then one pass per further draft token
+  + k * drafter_sample(n)                    the drafter's LM head and argmax per draft token
   + SPEC_STEP_OVERHEAD * target(n)           sampling and bookkeeping of speculation
 For k = 0 only the target runs, plus the drafter's pass over the new tokens when the drafter
 keeps its KV cache in sync at k = 0 (vLLM's EAGLE-family and draft-model proposers do, so that
 their drafts stay good when drafting resumes); n-gram and suffix drafting cost no device time.
-Where those passes are deferred (spec_decode/deferred_sync.py: EAGLE, EAGLE-3, MTP), one pass
+Where those passes are deferred (spec_decode/deferred_sync.py: EAGLE, EAGLE-3, MTP, draft
+model), one pass
 over ``drafter_sync_every`` tokens per request replaces that many steps' passes, so a k = 0
 step pays ``drafter(n * d) / d``. The flush a drafting step pays after a run of k = 0 steps
 is left out: a cost of changing regime, not of either regime's steady state.
@@ -42,6 +44,10 @@ class CostTable:
     drafter_syncs_at_zero: bool = False
     # Steps whose drafter passes one deferred pass covers (1: a pass every step).
     drafter_sync_every: int = 1
+    # The drafter's LM head and greedy pick over this many rows, paid once per draft token;
+    # None: not measured (tables written before it was, proposers without a model). The draft
+    # model's own 49152-token head made most of a draft token's cost on the CPU (issue 11).
+    drafter_sample_s: tuple[float, ...] | None = None
     source: str = "measured"
 
     def __post_init__(self):
@@ -51,6 +57,9 @@ class CostTable:
             raise ValueError("CostTable token counts must be increasing")
         if self.drafter_s is not None and len(self.drafter_s) != len(self.token_counts):
             raise ValueError("CostTable needs one drafter time per token count")
+        if (self.drafter_sample_s is not None
+                and len(self.drafter_sample_s) != len(self.token_counts)):
+            raise ValueError("CostTable needs one drafter sampling time per token count")
 
     @staticmethod
     def _interp(xs, ys, x: float) -> float:
@@ -71,6 +80,11 @@ class CostTable:
             return 0.0
         return self._interp(self.token_counts, self.drafter_s, tokens)
 
+    def drafter_sample(self, rows: int) -> float:
+        if self.drafter_sample_s is None:
+            return 0.0
+        return self._interp(self.token_counts, self.drafter_sample_s, rows)
+
     def step_time(self, num_reqs: int, k: int) -> float:
         n = max(num_reqs, 1)
         if k <= 0:
@@ -79,7 +93,7 @@ class CostTable:
             d = max(self.drafter_sync_every, 1)
             return self.target(n) + self.drafter(n * d) / d
         return (self.target(n * (1 + k)) + self.drafter(n * (1 + k)) + (k - 1) * self.drafter(n)
-                + SPEC_STEP_OVERHEAD * self.target(n))
+                + k * self.drafter_sample(n) + SPEC_STEP_OVERHEAD * self.target(n))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -89,8 +103,9 @@ class CostTable:
         raw = json.loads(text)
         raw["token_counts"] = tuple(raw["token_counts"])
         raw["target_s"] = tuple(raw["target_s"])
-        if raw.get("drafter_s") is not None:
-            raw["drafter_s"] = tuple(raw["drafter_s"])
+        for key in ("drafter_s", "drafter_sample_s"):
+            if raw.get(key) is not None:
+                raw[key] = tuple(raw[key])
         return cls(**raw)
 
 

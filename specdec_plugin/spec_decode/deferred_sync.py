@@ -1,10 +1,10 @@
 """Deferred drafter KV sync: a step that drafts nothing runs no drafter pass.
 
-Why: vLLM's EAGLE-family ``propose`` runs the drafter's first pass over the step's new tokens
-even when the step drafts nothing (``num_speculative_tokens == 0``), so that the drafter's KV
-cache holds every position when drafting resumes. When drafts keep missing, the adaptive
-controller drafts nothing almost every step, and that pass, which reads all of the drafter's
-weights for one token per request, was most of what speculation still cost (H100, EAGLE-3,
+Why: vLLM's EAGLE-family and draft-model ``propose`` runs the drafter's first pass over the
+step's new tokens even when the step drafts nothing (``num_speculative_tokens == 0``), so that
+the drafter's KV cache holds every position when drafting resumes. When drafts keep missing,
+the adaptive controller drafts nothing almost every step, and that pass, which reads all of
+the drafter's weights for one token per request, was most of what speculation still cost (H100, EAGLE-3,
 every draft rejected: 1.03-1.09x of plain decoding, BENCHMARKS.md).
 
 How: on a step that drafts nothing and whose requests all have one new token, the inputs the
@@ -241,19 +241,42 @@ class DeferredDrafterSync:
             self.device, non_blocking=True)
 
 
+def _extra_slot_lines_up(drafter) -> bool:
+    """Whether the drafter's inserted slots still line up with kept tokens: true for the draft
+    model (vLLM's ``DraftModelProposer``), which reads no hidden states and inserts exactly one
+    slot per request, the next token at the position after the request's last (vLLM's
+    ``set_inputs_first_pass``). A flush then passes the kept tokens unshifted with the step's
+    first target token as the next token: the drafter writes its KV at the kept positions and
+    at the step's first position, which the step's own pass writes again with the same token.
+    Other inserted-slot layouts (parallel drafting, DFlash) are not mapped here."""
+    return (drafter.needs_extra_input_slots and not drafter.pass_hidden_states_to_model
+            and drafter.net_num_new_slots_per_request == 1
+            and drafter.extra_slots_per_request == 1)
+
+
 def make_deferred_sync(drafter, runner) -> DeferredDrafterSync | None:
-    """The deferral for an EAGLE / EAGLE-3 / MTP drafter, or None where it does not apply:
-    switched off, the draft model (it inserts a slot per request, ``needs_extra_input_slots``,
-    so kept tokens would not line up with its inputs), parallel drafting, M-RoPE / XD-RoPE
-    positions, multimodal or heterogeneous-vocabulary drafters, and data parallelism (ranks
-    would run different passes, and the drafter's collectives must match)."""
+    """The deferral for an EAGLE / EAGLE-3 / MTP drafter or a draft model, or None where it
+    does not apply: switched off, other drafters that insert slots per request (kept tokens
+    would not line up with their inputs, ``_extra_slot_lines_up``), parallel drafting, M-RoPE /
+    XD-RoPE positions, multimodal or heterogeneous-vocabulary drafters, and data parallelism
+    (ranks would run different passes, and the drafter's collectives must match).
+
+    The draft model was left out until issue 11's CPU run: its pass at k = 0 (1.9 ms at batch
+    1, 2.4 ms at batch 8, against a 25-41 ms target step) held adaptive drafting on chat, where
+    the controller drafts nothing most steps, at about 0.9x of no speculation."""
     from specdec_plugin import envs
 
     if runner is None or not envs.defer_drafter_sync():
         return None
     config = drafter.vllm_config
-    if (drafter.needs_extra_input_slots
-            or drafter.parallel_drafting or drafter.uses_mrope or drafter.uses_xdrope_dim > 0
+    extra_slot = drafter.needs_extra_input_slots
+    if extra_slot and not _extra_slot_lines_up(drafter):
+        return None
+    if extra_slot and getattr(drafter, "_graph_device", None) is not None:
+        # Measured on the CPU only. With drafter graphs the draft model is not padded
+        # (drafter_padding.py), so each flush shape would record a graph of its own.
+        return None
+    if (drafter.parallel_drafting or drafter.uses_mrope or drafter.uses_xdrope_dim > 0
             or drafter.supports_mm_inputs or getattr(drafter, "use_heterogeneous_vocab", False)
             or config.parallel_config.data_parallel_size > 1):
         return None
@@ -309,7 +332,8 @@ def uncache_window(vllm_config) -> int | None:
     from specdec_plugin import envs
 
     spec = vllm_config.speculative_config
-    if (spec is None or not spec.use_eagle() or not envs.defer_drafter_sync()
+    if (spec is None or not (spec.use_eagle() or spec.uses_draft_model())
+            or not envs.defer_drafter_sync()
             or not vllm_config.cache_config.enable_prefix_caching):
         return None
     k = spec.num_speculative_tokens or 0
