@@ -20,10 +20,21 @@ MAX_TOKENS = 64
 PY = sys.executable
 
 
+def _own_workloads(tok):
+    """The prompts of this script's own tree (bench_cpu_side_by_side.tokenized_workloads), so
+    every compared tree, older ones included, gets the same ones."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_cpu_side_by_side.py")
+    spec = importlib.util.spec_from_file_location("_ab_side_by_side", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.tokenized_workloads(tok)
+
+
 def child(cfg):
     sys.path.insert(0, os.path.join(cfg["tree"], "benchmarks"))
-    from bench_cpu_side_by_side import CHAT
-    from bench_spec_cpu import humaneval_prompts, spec_configs
+    from bench_spec_cpu import spec_configs
     from transformers import AutoTokenizer
     from specdec_plugin.models import fetch_smollm2
     from vllm import LLM, SamplingParams
@@ -33,11 +44,7 @@ def child(cfg):
 
     model = str(fetch_smollm2())
     tok = AutoTokenizer.from_pretrained(model)
-    workloads = {
-        "code": [tok(p).input_ids for p in humaneval_prompts(8)],
-        "chat": [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
-                                         tokenize=True, return_dict=False) for c in CHAT],
-    }
+    workloads = _own_workloads(tok)
     target, spec = spec_configs(model)[cfg["method"]]
     args = dict(dtype="float32", enforce_eager=False, max_model_len=2048, enable_prefix_caching=False,
                 max_num_seqs=8, seed=0, disable_log_stats=False, speculative_config=spec)

@@ -50,6 +50,18 @@ CHAT = [
 ]
 
 
+def tokenized_workloads(tok) -> dict[str, list[list[int]]]:
+    """The benchmark's prompts as token ids: 8 HumanEval prompts ("code") and the 8 CHAT
+    questions under the model's chat template ("chat")."""
+    from bench_spec_cpu import humaneval_prompts
+
+    return {
+        "code": [tok(p).input_ids for p in humaneval_prompts(8)],
+        "chat": [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=False) for c in CHAT],
+    }
+
+
 def cpu_model() -> str:
     """The processor's name and its AVX-512 / AMX flags: results move with the host (2026-11-25:
     the same 2-core kind of machine was an AMD EPYC in one session, an Intel Xeon in the next)."""
@@ -214,17 +226,13 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from bench_spec_cpu import humaneval_prompts, spec_configs
+    from bench_spec_cpu import spec_configs
     from specdec_plugin.models import fetch_smollm2
 
     torch.set_num_threads(args.threads)
     model = str(fetch_smollm2())
     tok = AutoTokenizer.from_pretrained(model)
-    workloads = {
-        "code": [tok(p).input_ids for p in humaneval_prompts(8)],
-        "chat": [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
-                                         tokenize=True, return_dict=False) for c in CHAT],
-    }
+    workloads = tokenized_workloads(tok)
     configs = spec_configs(model)
     skip = set(filter(None, args.skip.split(",")))
 
