@@ -30,6 +30,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo
 
@@ -93,27 +94,36 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--acceptance-length", type=float, default=3.0)
 
 
-# What each --backends entry runs: the engine_runner backend and extra environment.
+# What each --backends entry runs: the engine_runner backend, extra environment, extra
+# ``LLM(...)`` arguments, and the methods it applies to (None: all). The variants of ours
+# change only how drafting runs, so they have nothing to compare for some methods.
+class Backend(NamedTuple):
+    runner: str
+    env: dict = {}
+    engine: dict = {}
+    methods: frozenset | None = None
+
+
+_DRAFTING = frozenset({"draft_model", "eagle", "eagle3", "ngram", "suffix"})
 BACKENDS = {
-    "native": ("native", {}),
-    "ours": ("ours", {}),  # adaptive drafting on, as users get it
-    "ours-static": ("ours", {"SPECDEC_ADAPTIVE": "0"}),  # K drafts every step, as vLLM does
+    "native": Backend("native"),
+    "ours": Backend("ours"),  # adaptive drafting on, as users get it
+    # K drafts every step, as vLLM does.
+    "ours-static": Backend("ours", {"SPECDEC_ADAPTIVE": "0"}, methods=_DRAFTING),
     # The drafter's KV sync deferred over plain steps (issue 11; the CUDA default since
     # session 13, so "ours" has it too unless the environment sets it to 0).
-    "ours-defer": ("ours", {"SPECDEC_DEFER_DRAFTER_SYNC": "1"}),
-    "ours-nodefer": ("ours", {"SPECDEC_DEFER_DRAFTER_SYNC": "0"}),
-    "ours-async": ("ours", {}),  # + ENGINE_OVERRIDES
-    "native-async": ("native", {}),
+    "ours-defer": Backend("ours", {"SPECDEC_DEFER_DRAFTER_SYNC": "1"},
+                          methods=frozenset({"eagle", "eagle3"})),
+    "ours-nodefer": Backend("ours", {"SPECDEC_DEFER_DRAFTER_SYNC": "0"},
+                            methods=frozenset({"eagle", "eagle3"})),
+    # vLLM 0.26 leaves async scheduling off by default for the draft model but accepts it when
+    # asked (config/vllm.py): measured against the default, each side, before either platform
+    # turns it on for users.
+    "ours-async": Backend("ours", engine={"async_scheduling": True},
+                          methods=frozenset({"draft_model"})),
+    "native-async": Backend("native", engine={"async_scheduling": True},
+                            methods=frozenset({"draft_model"})),
 }
-# Variants that change the engine's arguments, not its environment. vLLM 0.26 leaves async
-# scheduling off by default for the draft model but accepts it when asked (config/vllm.py):
-# measured against the default, each side, before either platform turns it on for users.
-ENGINE_OVERRIDES = {"ours-async": {"async_scheduling": True},
-                    "native-async": {"async_scheduling": True}}
-# Variants that change only how drafting runs: nothing to compare for some methods.
-VARIANT_METHODS = {"ours-static": {"draft_model", "eagle", "eagle3", "ngram", "suffix"},
-                   "ours-defer": {"eagle", "eagle3"}, "ours-nodefer": {"eagle", "eagle3"},
-                   "ours-async": {"draft_model"}, "native-async": {"draft_model"}}
 
 
 def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> dict:
@@ -125,8 +135,8 @@ def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> 
         engine["speculative_config"] = spec
     if args.jit_verbose:
         engine["jit_monitor_verbose"] = True  # log every Triton compile, not one per kernel
-    engine.update(ENGINE_OVERRIDES.get(backend, {}))
-    runner_backend, env = BACKENDS[backend]
+    runner_backend, env, overrides, _ = BACKENDS[backend]
+    engine.update(overrides)
     job = {"backend": runner_backend, "model": target, "engine": engine,
            "max_tokens": args.max_tokens, "batches": args.batches, "repeats": args.repeats,
            "warmups": args.warmups, "env": dict(env)}
@@ -253,7 +263,8 @@ def main() -> None:
     for method in args.methods.split(","):
         results = {}
         backends = args.backends.split(",")
-        for backend in (b for b in backends if method in VARIANT_METHODS.get(b, {method})):
+        for backend in (b for b in backends
+                        if BACKENDS[b].methods is None or method in BACKENDS[b].methods):
             job = _job(backend, target, specs[method], workload, args)
             t0 = time.perf_counter()
             results[backend] = run_in_subprocess(job, log_path=log)

@@ -6,8 +6,9 @@ The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and 
 timed by wrapping them (perf_counter around the call, nested parts subtracted by the reader):
 the engine step, the scheduler, input preparation, the model forward and, inside it, each
 module type (attention, linear layers, norms, rotary, activation, embedding), the logits, the
-sampler and the proposer (the drafter's greedy sampling, LM head included, apart). Wrappers cost about a microsecond each, not a profiler's overhead,
-so the totals match an unwrapped run to a few percent. Prints ms per engine step.
+sampler and the proposer (the drafter's greedy sampling, LM head included, apart). Wrappers
+cost about a microsecond each, not a profiler's overhead, so the totals match an unwrapped run
+to a few percent. Prints ms per engine step.
 """
 from __future__ import annotations
 

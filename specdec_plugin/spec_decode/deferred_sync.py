@@ -4,8 +4,8 @@ Why: vLLM's EAGLE-family and draft-model ``propose`` runs the drafter's first pa
 step's new tokens even when the step drafts nothing (``num_speculative_tokens == 0``), so that
 the drafter's KV cache holds every position when drafting resumes. When drafts keep missing,
 the adaptive controller drafts nothing almost every step, and that pass, which reads all of
-the drafter's weights for one token per request, was most of what speculation still cost (H100, EAGLE-3,
-every draft rejected: 1.03-1.09x of plain decoding, BENCHMARKS.md).
+the drafter's weights for one token per request, was most of what speculation still cost
+(H100, EAGLE-3, every draft rejected: 1.03-1.09x of plain decoding, BENCHMARKS.md).
 
 How: on a step that drafts nothing and whose requests all have one new token, the inputs the
 pass would have read are kept per request instead (target token id, position, target hidden

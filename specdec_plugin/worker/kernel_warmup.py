@@ -118,7 +118,7 @@ def compile_spec_decode_kernels(runner) -> list[str]:
     # The padded drafter batch's input preparation (EAGLE family and draft model), for plain
     # steps (1 sampled column) and every verification width up to 1+K.
     if hasattr(getattr(runner, "drafter", None), "prepare_next_token_ids_padded"):
-        for cols in sorted({1, *range(2, k + 2)}):
+        for cols in range(1, k + 2):
             sampled = torch.randint(0, vocab, (1, cols), dtype=torch.int32, device=device)
             get_kernel("eagle_prepare_next_token_padded", providers)(
                 sampled, torch.zeros(1, dtype=torch.bool, device=device),
