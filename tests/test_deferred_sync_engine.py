@@ -7,6 +7,7 @@ must be the same: the deferred passes write the same drafter KV as vLLM's per-st
 CPU kernels compute each row independently of the rows beside it)."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 
@@ -53,6 +54,21 @@ def _recorded(worker):
 _PROPOSERS = {"eagle3": "SpecDecEagleProposer", "draft_model": "SpecDecDraftModelProposer"}
 
 
+@contextlib.contextmanager
+def _environ(**values: str):
+    """These environment variables set for the block, then restored."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _run(smollm2_path, defer: bool, prefix_caching: bool, graphs: bool = False,
          method: str = "eagle3"):
     """``graphs``: drafter graphs emulated on the host (tests/drafter_graphs_host_replay.py),
@@ -63,39 +79,32 @@ def _run(smollm2_path, defer: bool, prefix_caching: bool, graphs: bool = False,
 
     device_for_graphs = DrafterGraphs._device_for_graphs
 
-    saved = {name: os.environ.get(name) for name in ("SPECDEC_DEFER_DRAFTER_SYNC",
-                                                      "VLLM_ENABLE_V1_MULTIPROCESSING")}
-    os.environ["SPECDEC_DEFER_DRAFTER_SYNC"] = "1" if defer else "0"
-    # The engine in this process: every request is added before the first step, so both
-    # engines see the same batches (an engine process may start stepping after the first).
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if graphs:
         from tests.drafter_graphs_host_replay import HostReplayGraphs
 
         emulated = HostReplayGraphs()
         DrafterGraphs._device_for_graphs = lambda self, layer: emulated
+    # The engine in this process: every request is added before the first step, so both
+    # engines see the same batches (an engine process may start stepping after the first).
     try:
-        llm = LLM(model=smollm2_path, dtype="float32", max_model_len=1024, seed=0,
-                  max_num_seqs=3, enable_prefix_caching=prefix_caching,
-                  speculative_config=spec_config(method, smollm2_path),
-                  scheduler_cls="tests.forced_draft_lengths.ForcedDraftLengthScheduler")
-        try:
-            assert llm.collective_rpc(_record_drafts) == [_PROPOSERS[method]]
-            params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-                      for n in MAX_TOKENS]
-            outs = llm.generate(PROMPTS, params)
-            [(recorded, counts, graph_info)] = llm.collective_rpc(_recorded)
-        finally:
-            llm.llm_engine.engine_core.shutdown()
-            del llm
-            gc.collect()
+        with _environ(SPECDEC_DEFER_DRAFTER_SYNC="1" if defer else "0",
+                      VLLM_ENABLE_V1_MULTIPROCESSING="0"):
+            llm = LLM(model=smollm2_path, dtype="float32", max_model_len=1024, seed=0,
+                      max_num_seqs=3, enable_prefix_caching=prefix_caching,
+                      speculative_config=spec_config(method, smollm2_path),
+                      scheduler_cls="tests.forced_draft_lengths.ForcedDraftLengthScheduler")
+            try:
+                assert llm.collective_rpc(_record_drafts) == [_PROPOSERS[method]]
+                params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+                          for n in MAX_TOKENS]
+                outs = llm.generate(PROMPTS, params)
+                [(recorded, counts, graph_info)] = llm.collective_rpc(_recorded)
+            finally:
+                llm.llm_engine.engine_core.shutdown()
+                del llm
+                gc.collect()
     finally:
         DrafterGraphs._device_for_graphs = device_for_graphs
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     return [list(o.outputs[0].token_ids) for o in outs], recorded, counts, graph_info
 
 
@@ -108,9 +117,11 @@ def runs(smollm2_path):
     return out
 
 
-def test_drafts_are_the_same_with_deferral_on_and_off(runs):
-    tokens_on, recorded_on, counts_on, _ = runs[True]
-    tokens_off, recorded_off, counts_off, _ = runs[False]
+def _assert_same_drafts(run_on, run_off) -> None:
+    """Deferral on against off: the same output, schedule and batches, and every draft token
+    equal, with enough steps deferred, flushed and drafted to mean something."""
+    tokens_on, recorded_on, counts_on, _ = run_on
+    tokens_off, recorded_off, counts_off, _ = run_off
     assert counts_off is None  # SPECDEC_DEFER_DRAFTER_SYNC=0: no deferral built
     deferred_steps, flushes, _ = counts_on
     assert deferred_steps > 20 and flushes > 5, counts_on
@@ -125,36 +136,31 @@ def test_drafts_are_the_same_with_deferral_on_and_off(runs):
     assert not mismatched, [(recorded_on[i], recorded_off[i]) for i in mismatched[:3]]
 
 
+def _plain_tokens(engines, smollm2_path) -> list[list[int]]:
+    """The same requests' greedy output without speculation."""
+    from vllm import SamplingParams
+
+    plain = engines.get(smollm2_path, enable_prefix_caching=False)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    return [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
+
+
+def test_drafts_are_the_same_with_deferral_on_and_off(runs):
+    _assert_same_drafts(runs[True], runs[False])
+
+
 def test_draft_model_drafts_are_the_same_with_deferral_on_and_off(smollm2_path, engines):
     # The draft model inserts the next token after each request's tokens
     # (deferred_sync._extra_slot_lines_up): a flush writes the kept positions and the step's
     # first one, which the step's own pass then writes again with the same token.
-    tokens_on, recorded_on, counts_on, _ = _run(smollm2_path, True, prefix_caching=True,
-                                                method="draft_model")
-    tokens_off, recorded_off, counts_off, _ = _run(smollm2_path, False, prefix_caching=True,
-                                                   method="draft_model")
-    assert counts_off is None
-    assert counts_on[0] > 20 and counts_on[1] > 5, counts_on
-    assert tokens_on == tokens_off
-    assert [(k, ids) for k, ids, _ in recorded_on] == [(k, ids) for k, ids, _ in recorded_off]
-    drafting = [(i, d) for i, (k, _, d) in enumerate(recorded_off) if k > 0]
-    assert len(drafting) > 10
-    mismatched = [i for i, d in drafting if recorded_on[i][2] != d]
-    assert not mismatched, [(recorded_on[i], recorded_off[i]) for i in mismatched[:3]]
-    from vllm import SamplingParams
-
-    plain = engines.get(smollm2_path, enable_prefix_caching=False)
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
-    assert tokens_on == [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
+    run_on = _run(smollm2_path, True, prefix_caching=True, method="draft_model")
+    run_off = _run(smollm2_path, False, prefix_caching=True, method="draft_model")
+    _assert_same_drafts(run_on, run_off)
+    assert run_on[0] == _plain_tokens(engines, smollm2_path)
 
 
 def test_greedy_output_equals_no_speculation(runs, engines, smollm2_path):
-    from vllm import SamplingParams
-
-    plain = engines.get(smollm2_path, enable_prefix_caching=False)
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
-    want = [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
-    assert runs[True][0] == want
+    assert runs[True][0] == _plain_tokens(engines, smollm2_path)
 
 
 def test_flushes_replayed_from_padded_graphs_draft_as_vllm_does(runs):
@@ -179,11 +185,7 @@ def _second_turn_prefix_hits(smollm2_path: str, defer: bool) -> tuple[int, int, 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    saved = {name: os.environ.get(name) for name in ("SPECDEC_DEFER_DRAFTER_SYNC",
-                                                      "SPECDEC_ADAPTIVE")}
-    os.environ["SPECDEC_DEFER_DRAFTER_SYNC"] = "1" if defer else "0"
-    os.environ["SPECDEC_ADAPTIVE"] = "1"
-    try:
+    with _environ(SPECDEC_DEFER_DRAFTER_SYNC="1" if defer else "0", SPECDEC_ADAPTIVE="1"):
         llm = LLM(model=smollm2_path, dtype="float32", max_model_len=1024, seed=0,
                   enable_prefix_caching=True, disable_log_stats=False,
                   speculative_config=spec_config("eagle3", smollm2_path))
@@ -210,12 +212,6 @@ def _second_turn_prefix_hits(smollm2_path: str, defer: bool) -> tuple[int, int, 
             llm.llm_engine.engine_core.shutdown()
             del llm
             gc.collect()
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def test_a_finished_requests_last_blocks_leave_the_prefix_cache(smollm2_path):
