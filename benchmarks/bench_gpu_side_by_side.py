@@ -8,7 +8,7 @@ per-position acceptance at each batch size, and the ratio ours/native.
 
     python benchmarks/bench_gpu_side_by_side.py --out results/ [--model llama7b-random]
         [--methods none,draft_model,eagle,eagle3,ngram,suffix] [--batches 1,16]
-        [--backends native,ours,ours-static,ours-defer,ours-nodefer,ours-async,native-async]
+        [--backends native,ours,ours-static,ours-defer,ours-nodefer,ours-async,native-async,ours-sync]
 
 Models:
 - ``llama7b-random``: the random 7.24B Llama of ../shared/notes/native-baseline.md with random
@@ -99,6 +99,7 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
 # change only how drafting runs, so they have nothing to compare for some methods.
 class Backend(NamedTuple):
     runner: str
+    label: str
     env: dict = {}
     engine: dict = {}
     methods: frozenset | None = None
@@ -106,24 +107,32 @@ class Backend(NamedTuple):
 
 _DRAFTING = frozenset({"draft_model", "eagle", "eagle3", "ngram", "suffix"})
 BACKENDS = {
-    "native": Backend("native"),
-    "ours": Backend("ours"),  # adaptive drafting on, as users get it
+    "native": Backend("native", "vLLM native"),
+    "ours": Backend("ours", "specdec_plugin"),  # adaptive drafting on, as users get it
     # K drafts every step, as vLLM does.
-    "ours-static": Backend("ours", {"SPECDEC_ADAPTIVE": "0"}, methods=_DRAFTING),
+    "ours-static": Backend("ours", "specdec_plugin, K every step", {"SPECDEC_ADAPTIVE": "0"},
+                           methods=_DRAFTING),
     # The drafter's KV sync deferred over plain steps (issue 11; the CUDA default since
     # session 13, so "ours" has it too unless the environment sets it to 0).
-    "ours-defer": Backend("ours", {"SPECDEC_DEFER_DRAFTER_SYNC": "1"},
+    "ours-defer": Backend("ours", "specdec_plugin, drafter sync deferred",
+                          {"SPECDEC_DEFER_DRAFTER_SYNC": "1"},
                           methods=frozenset({"eagle", "eagle3"})),
-    "ours-nodefer": Backend("ours", {"SPECDEC_DEFER_DRAFTER_SYNC": "0"},
+    "ours-nodefer": Backend("ours", "specdec_plugin, drafter sync every step",
+                            {"SPECDEC_DEFER_DRAFTER_SYNC": "0"},
                             methods=frozenset({"eagle", "eagle3"})),
     # vLLM 0.26 leaves async scheduling off by default for the draft model but accepts it when
     # asked (config/vllm.py): measured against the default, each side, before either platform
     # turns it on for users.
-    "ours-async": Backend("ours", engine={"async_scheduling": True},
-                          methods=frozenset({"draft_model"})),
-    "native-async": Backend("native", engine={"async_scheduling": True},
-                            methods=frozenset({"draft_model"})),
+    "ours-async": Backend("ours", "specdec_plugin, async scheduling",
+                          engine={"async_scheduling": True}, methods=frozenset({"draft_model"})),
+    "native-async": Backend("native", "vLLM native, async scheduling",
+                            engine={"async_scheduling": True}, methods=frozenset({"draft_model"})),
+    # What async scheduling is worth to plain decoding: the methods that run without it
+    # (suffix, draft model by default) pay at most this.
+    "ours-sync": Backend("ours", "specdec_plugin, async scheduling off",
+                         engine={"async_scheduling": False}, methods=frozenset({"none"})),
 }
+_COLUMNS = [name.replace("-", "_") for name in BACKENDS]  # their keys in the JSON rows
 
 
 def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> dict:
@@ -135,7 +144,7 @@ def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> 
         engine["speculative_config"] = spec
     if args.jit_verbose:
         engine["jit_monitor_verbose"] = True  # log every Triton compile, not one per kernel
-    runner_backend, env, overrides, _ = BACKENDS[backend]
+    runner_backend, _, env, overrides, _ = BACKENDS[backend]
     engine.update(overrides)
     job = {"backend": runner_backend, "model": target, "engine": engine,
            "max_tokens": args.max_tokens, "batches": args.batches, "repeats": args.repeats,
@@ -167,8 +176,7 @@ def _add_ratios_to_plain(rows: list[dict]) -> None:
     (issue 11's bar: speculation that never costs)."""
     plain = {r["batch"]: r.get("ours_ms_per_token") for r in rows if r["method"] == "none"}
     for r in rows:
-        for name in ("ours", "ours_static", "ours_defer", "ours_nodefer", "ours_async", "native",
-                     "native_async"):
+        for name in _COLUMNS:
             value, base = r.get(f"{name}_ms_per_token"), plain.get(r["batch"])
             if value and base:
                 r[f"{name}_vs_our_plain"] = value / base
@@ -200,13 +208,8 @@ def _chart(rows: list[dict], path: Path, title: str) -> None:
     for ax, batch in zip(axes[0], batches):
         sub = [r for r in rows if r["batch"] == batch]
         x = range(len(sub))
-        series = [(name, label) for name, label in (
-            ("native", "vLLM native"), ("ours", "specdec_plugin"),
-            ("ours_static", "specdec_plugin, K every step"),
-            ("ours_defer", "specdec_plugin, drafter sync deferred"),
-            ("ours_nodefer", "specdec_plugin, drafter sync every step"),
-            ("ours_async", "specdec_plugin, async scheduling"),
-            ("native_async", "vLLM native, async scheduling")) if any(f"{name}_ms_per_token" in r for r in sub)]
+        series = [(name, backend.label) for name, backend in zip(_COLUMNS, BACKENDS.values())
+                  if any(f"{name}_ms_per_token" in r for r in sub)]
         width = 0.8 / len(series)
         for j, (name, label) in enumerate(series):
             ax.bar([i - 0.4 + width * (j + 0.5) for i in x],
@@ -243,7 +246,8 @@ def main() -> None:
                         help="comma list of " + ", ".join(BACKENDS) + " (ours-static: our plugin "
                              "with adaptive drafting off, SPECDEC_ADAPTIVE=0; ours-defer: the drafter's "
                              "KV sync deferred, SPECDEC_DEFER_DRAFTER_SYNC=1, ours-nodefer =0; ours-async, "
-                             "native-async: draft model with async_scheduling=True)")
+                             "native-async: draft model with async_scheduling=True; ours-sync: plain "
+                             "decoding with async scheduling off)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "
                              "run_clock_windows) to tell a slow timed run's cause")
