@@ -35,6 +35,9 @@ class DeviceLayer:
     # token histories, vLLM's "ngram_gpu" path, which async scheduling overlaps with the step)
     # rather than in the C++ index on the host (spec_decode/ngram_device.py).
     ngram_on_device: ClassVar[bool] = False
+    # Async scheduling for the draft model where the user leaves it unset (vLLM 0.26 turns it
+    # off for that method unless asked, spec_decode/async_default.py): only where measured.
+    async_draft_model: ClassVar[bool] = False
     # torch.compile backend for vLLM's model graphs and its small @torch.compile helpers
     # (Platform.simple_compile_backend). "eager" traces without code generation: right where
     # Inductor has no code generator or measured no gain.

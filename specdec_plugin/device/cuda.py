@@ -26,6 +26,12 @@ class CudaDevice(DeviceLayer):
     # Host n-gram matching keeps vLLM's scheduling synchronous: with every draft rejected that
     # cost 1.29-1.36x of plain decoding on the H100 (issue 11); on the device it overlaps.
     ngram_on_device: ClassVar[bool] = True
+    # vLLM leaves async scheduling off for the draft model unless asked. On the H100
+    # (2026-11-26, session 14, random 7B, K=4) asking for it took every-draft-rejected steps
+    # from 1.22-1.36x to 1.00-1.03x of plain decoding, and acceptance-3.0 steps from 3.43 /
+    # 3.76 ms/token (native, its default) to 2.44 / 2.86 at batch 1 / 16; the GPU test of
+    # greedy equality under async scheduling passed (BENCHMARKS.md).
+    async_draft_model: ClassVar[bool] = True
     # Deferred drafter KV sync (spec_decode/deferred_sync.py) by default, as on the CPU: on the
     # H100 (2026-11-25, session 13) the GPU tests passed with it (34 of 34) and, with every
     # draft rejected, EAGLE-3 went from 1.06-1.11x to 1.03-1.06x of plain decoding. A user's

@@ -80,6 +80,10 @@ def _checked(create_engine_config):
                 from specdec_plugin.spec_decode.ngram_device import device_ngram_method
 
                 self.speculative_config = device_ngram_method(spec, layer)
+                # Likewise async scheduling for the draft model (spec_decode/async_default.py).
+                from specdec_plugin.spec_decode.async_default import default_async_scheduling
+
+                self.async_scheduling = default_async_scheduling(self, spec, layer)
         # Let the platform tell the user's capture sizes from vLLM's defaults (capture_sizes.py).
         from specdec_plugin.capture_sizes import recording_user_sizes
 
