@@ -74,6 +74,15 @@ def _padded_setup(args) -> tuple[str, dict, dict]:
     specs["ngram"] = {"method": "ngram", "num_speculative_tokens": args.k,
                       "prompt_lookup_min": 1, "prompt_lookup_max": 4}
     specs["suffix"] = {"method": "suffix", "num_speculative_tokens": args.k}
+    if args.suffix_max_cached_requests is not None:
+        # Timed runs repeat the warm-up's prompts, so suffix's cache of finished requests
+        # holds each answer before it is timed: 0 measures drafting from the request alone.
+        specs["suffix"]["suffix_decoding_max_cached_requests"] = args.suffix_max_cached_requests
+    if args.workloads:
+        from real_workloads import WORKLOADS
+
+        chosen = {name: WORKLOADS[name] for name in args.workloads.split(",")}
+        return str(paths["target"]), specs, {"workloads": chosen, "engine": {}}
     from tests.prompts_gpu import BENCH_PROMPTS
 
     return str(paths["target"]), specs, {"prompts": BENCH_PROMPTS, "engine": {}}
@@ -92,6 +101,12 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work", default="/tmp/specdec_bench_models")
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--acceptance-length", type=float, default=3.0)
+    parser.add_argument("--workloads", help="smollm2-padded only: comma list of "
+                        "benchmarks/real_workloads.py names (prose, code_edit), each timed in "
+                        "the same engine; default: the GPU tests' 32 mixed prompts")
+    parser.add_argument("--suffix-max-cached-requests", type=int,
+                        help="smollm2-padded: suffix_decoding_max_cached_requests (0: no cache "
+                             "of finished requests, whose answers the warm-up would put there)")
 
 
 # What each --backends entry runs: the engine_runner backend, extra environment, extra
@@ -149,17 +164,22 @@ def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> 
     job = {"backend": runner_backend, "model": target, "engine": engine,
            "max_tokens": args.max_tokens, "batches": args.batches, "repeats": args.repeats,
            "warmups": args.warmups, "env": dict(env)}
-    job.update({k: v for k, v in workload.items() if k in ("prompts", "prompt_token_ids")})
+    job.update({k: v for k, v in workload.items()
+                if k in ("prompts", "prompt_token_ids", "workloads")})
     if backend == "native" and args.native_runner == "v1":
         job["env"]["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     return job
 
 
-def _row(method: str, batch: str, results: dict[str, dict]) -> dict:
+def _row(method: str, cell: str, results: dict[str, dict]) -> dict:
+    """``cell``: the engine runner's key, "batch" or "workload:batch"."""
+    workload, _, batch = cell.rpartition(":")
     row = {"method": method, "batch": int(batch)}
+    if workload:
+        row["workload"] = workload
     for backend, result in results.items():
         name = backend.replace("-", "_")
-        entry = result.get("batches", {}).get(batch, {})
+        entry = result.get("batches", {}).get(cell, {})
         row[f"{name}_ms_per_token"] = entry.get("ms_per_token")
         row[f"{name}_tokens_per_s"] = entry.get("tokens_per_s")
         row[f"{name}_acceptance_length"] = entry.get("acceptance_length")
@@ -174,10 +194,11 @@ def _row(method: str, batch: str, results: dict[str, dict]) -> dict:
 def _add_ratios_to_plain(rows: list[dict]) -> None:
     """ms/token of each speculative row over our own no-speculation row at the same batch
     (issue 11's bar: speculation that never costs)."""
-    plain = {r["batch"]: r.get("ours_ms_per_token") for r in rows if r["method"] == "none"}
+    plain = {(r.get("workload"), r["batch"]): r.get("ours_ms_per_token")
+             for r in rows if r["method"] == "none"}
     for r in rows:
         for name in _COLUMNS:
-            value, base = r.get(f"{name}_ms_per_token"), plain.get(r["batch"])
+            value, base = r.get(f"{name}_ms_per_token"), plain.get((r.get("workload"), r["batch"]))
             if value and base:
                 r[f"{name}_vs_our_plain"] = value / base
 
@@ -186,11 +207,12 @@ def _print_table(rows: list[dict]) -> None:
     def fmt(value, spec=".2f"):
         return "-" if value is None else format(value, spec)
 
-    print(f"{'method':<12}{'batch':>6}{'native ms/tok':>15}{'ours ms/tok':>13}{'ratio':>8}"
+    print(f"{'method':<12}{'batch':>13}{'native ms/tok':>15}{'ours ms/tok':>13}{'ratio':>8}"
           f"{'static ms/tok':>15}{'vs plain':>10}{'defer ms/tok':>14}{'vs plain':>10}"
           f"{'native AL':>11}{'ours AL':>9}")
     for r in rows:
-        print(f"{r['method']:<12}{r['batch']:>6}{fmt(r.get('native_ms_per_token')):>15}"
+        cell = f"{r['workload']}:{r['batch']}" if "workload" in r else str(r["batch"])
+        print(f"{r['method']:<12}{cell:>13}{fmt(r.get('native_ms_per_token')):>15}"
               f"{fmt(r.get('ours_ms_per_token')):>13}{fmt(r.get('ratio_ms_per_token'), '.3f'):>8}"
               f"{fmt(r.get('ours_static_ms_per_token')):>15}{fmt(r.get('ours_vs_our_plain'), '.3f'):>10}"
               f"{fmt(r.get('ours_defer_ms_per_token')):>14}{fmt(r.get('ours_defer_vs_our_plain'), '.3f'):>10}"
@@ -218,6 +240,35 @@ def _chart(rows: list[dict], path: Path, title: str) -> None:
         ax.set_ylabel("ms per token (lower is better)")
         ax.set_title(f"batch {batch}")
         ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _speedup_chart(rows: list[dict], path: Path, title: str) -> None:
+    """Speedup over our own plain decoding against batch size: one panel per workload, one
+    line per method and backend (issue 11's batch sweep)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = sorted({r.get("workload", "") for r in rows})
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False)
+    for ax, workload in zip(axes[0], workloads):
+        sub = [r for r in rows if r.get("workload", "") == workload and r["method"] != "none"]
+        for method in sorted({r["method"] for r in sub}):
+            for name, backend in zip(_COLUMNS, BACKENDS.values()):
+                points = sorted((r["batch"], 1.0 / r[f"{name}_vs_our_plain"]) for r in sub
+                                if r["method"] == method and r.get(f"{name}_vs_our_plain"))
+                if points:
+                    ax.plot(*zip(*points), marker="o", label=f"{method}: {backend.label}")
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch (requests)")
+        ax.set_ylabel("speedup over our plain decoding")
+        ax.set_title(workload or "all prompts")
+        ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -278,13 +329,18 @@ def main() -> None:
                   f"{json.dumps({k: v for k, v in results[backend].items() if k != 'batches'})}",
                   flush=True)
             (out / "side_by_side.json").write_text(json.dumps(report, indent=1))
-        for batch in map(str, args.batches):
-            report["rows"].append(_row(method, batch, results))
+        cells = [str(b) for b in args.batches]
+        if "workloads" in workload:
+            cells = [f"{w}:{b}" for w in workload["workloads"] for b in args.batches]
+        for cell in cells:
+            report["rows"].append(_row(method, cell, results))
         _add_ratios_to_plain(report["rows"])
         (out / "side_by_side.json").write_text(json.dumps(report, indent=1))
     _print_table(report["rows"])
-    _chart(report["rows"], out / "side_by_side.png",
-           f"{args.model}, K={args.k}, {args.max_tokens} output tokens")
+    title = f"{args.model}, K={args.k}, {args.max_tokens} output tokens"
+    _chart(report["rows"], out / "side_by_side.png", title)
+    if len(args.batches) > 2:
+        _speedup_chart(report["rows"], out / "speedup_vs_batch.png", title)
 
 
 if __name__ == "__main__":

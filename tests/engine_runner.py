@@ -10,6 +10,8 @@ A job is a dict:
     model        checkpoint directory
     engine       extra ``LLM(...)`` keyword arguments (dtype, speculative_config, ...)
     prompts      list of strings, or ``prompt_token_ids``: list of token-id lists
+    workloads    instead of prompts: {name: list of strings}, each timed at every batch size
+                 in the same engine (results keyed "name:batch")
     max_tokens   output tokens per request (greedy, ``ignore_eos``)
     batches      request counts to time, e.g. [1, 16]: prompts are taken round-robin
     repeats      timed runs per batch (median reported)
@@ -84,8 +86,13 @@ def run_job(job: dict) -> dict:
               "async_scheduling": bool(config.scheduler_config.async_scheduling),
               "batches": {}}
     params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
-    for batch in job["batches"]:
-        requests = requests_for(job, batch)
+    if "workloads" in job:
+        cells = [(f"{name}:{batch}", requests_for({"prompts": prompts}, batch))
+                 for name, prompts in job["workloads"].items() for batch in job["batches"]]
+    else:
+        cells = [(str(batch), requests_for(job, batch)) for batch in job["batches"]]
+    for key, requests in cells:
+        batch = len(requests)
         # Warm-up with the same shapes as the timed runs. One was not enough on the H100
         # (2026-11-22): our engines' first timed runs were still slower (kernel JIT).
         for _ in range(job.get("warmups", 2)):
@@ -114,7 +121,7 @@ def run_job(job: dict) -> dict:
             entry["acceptance_per_position"] = [a / counters["drafts"] for a in counters["per_position"]]
         if job.get("tokens"):
             entry["token_ids"] = tokens
-        result["batches"][str(batch)] = entry
+        result["batches"][key] = entry
     return result
 
 
