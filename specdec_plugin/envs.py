@@ -25,6 +25,9 @@
   ``ngram_match`` kernel over device-resident token histories, vLLM's ``ngram_gpu`` path, with
   async scheduling where the device has it), ``0`` on the host (our C++ index). Default: the
   device layer's choice (``DeviceLayer.ngram_on_device``: GPUs yes, the CPU no).
+- ``SPECDEC_UNIFORM_DRAFTS=1``: pad the n-gram (host) and suffix drafts of a step to the
+  step's draft length with filler tokens, so the verification step is a uniform decode batch
+  that replays full graphs (adaptive/uniform_drafts.py). Opt-in until measured on a GPU.
 - ``SPECDEC_CPU_LINEAR=auto|bf16w|fp32|bf16|torch``: weights of the linear layers and the LM
   head on CPU, packed once at load (device/cpu.py ``linear_packing``, per weight). ``auto``
   (default): weights whose values are all bfloat16 (a bfloat16 checkpoint, in float32 or
@@ -77,6 +80,11 @@ def drafter_padding() -> bool:
 def defer_drafter_sync() -> bool:
     # Unset: "0" here; the CPU and CUDA device layers set "1" in their process_env.
     return os.environ.get("SPECDEC_DEFER_DRAFTER_SYNC", "0").strip().lower() in _TRUE
+
+
+def uniform_drafts() -> bool:
+    # Opt-in until measured on a GPU (adaptive/uniform_drafts.py).
+    return os.environ.get("SPECDEC_UNIFORM_DRAFTS", "0").strip().lower() in _TRUE
 
 
 def jit_build() -> bool:

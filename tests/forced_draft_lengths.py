@@ -8,7 +8,12 @@ pattern: the same k at every step in two engines.
 """
 from __future__ import annotations
 
+import json
+import os
+
 from vllm.v1.core.sched.scheduler import Scheduler
+
+from specdec_plugin.adaptive.uniform_drafts import FILLER_SLOTS, UniformDraftsMixin
 
 # Runs of k = 0 shorter and longer than the deferral depth (8), each ended by a drafting step.
 PATTERN = (3, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 3, 3, 0, 0, 0, 0, 0, 0)
@@ -28,3 +33,24 @@ class ForcedDraftLengthScheduler(Scheduler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.dynamic_sd_lookup = _Pattern()
+
+
+class ForcedUniformDraftScheduler(UniformDraftsMixin, ForcedDraftLengthScheduler):
+    """The forced pattern with draft padding (specdec_plugin/adaptive/uniform_drafts.py, on
+    when SPECDEC_UNIFORM_DRAFTS=1 in the engine's environment). Each step's scheduled drafts
+    (real tokens, filler slots, per request) are appended as JSON lines to the file named by
+    SPECDEC_TEST_SCHEDULE_LOG: the engine core may run in another process than the test."""
+
+    def schedule(self, *args, **kwargs):
+        out = super().schedule(*args, **kwargs)
+        path = os.environ.get("SPECDEC_TEST_SCHEDULE_LOG")
+        if path and out.scheduled_spec_decode_tokens:
+            filler = getattr(out, FILLER_SLOTS, {})
+            with open(path, "a") as log:
+                log.write(json.dumps({
+                    "asked": out.num_spec_tokens_to_schedule,
+                    "spec_lens": {r: len(s) for r, s in out.scheduled_spec_decode_tokens.items()},
+                    "filler": filler,
+                    "tokens": dict(out.num_scheduled_tokens),
+                }) + "\n")
+        return out

@@ -18,6 +18,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from specdec_plugin.adaptive.controller import DraftLengthController
 from specdec_plugin.adaptive.cost_model import CostTable, fallback_table
 from specdec_plugin.adaptive.handoff import read_cost_table
+from specdec_plugin.adaptive.uniform_drafts import UniformDraftsMixin
 from specdec_plugin.log import init_logger
 from specdec_plugin.spec_decode.deferred_sync import tail_block_ids, uncache_window
 from specdec_plugin.spec_decode.ngram_device import TRIMMED_DRAFTS
@@ -82,7 +83,10 @@ class AdaptiveSchedulerMixin:
         drafted = num_draft_tokens
         if num_invalid_spec_tokens:
             drafted -= num_invalid_spec_tokens.get(request_id, 0)
-        self.draft_controller.observe(request_id, drafted, num_accepted_tokens)
+        # Filler slots (uniform_drafts.py) are not drafts for vLLM's metrics, but each cost a
+        # verification slot: the controller learns what a slot is worth.
+        filler = getattr(self, "filler_slots", lambda _: 0)(request_id)
+        self.draft_controller.observe(request_id, drafted + filler, num_accepted_tokens)
         if drafted <= 0:
             # Every slot invalid (a device n-gram request with no match): no draft, as the host
             # index reports it; vLLM would count a draft of 0 tokens.
@@ -108,9 +112,9 @@ class AdaptiveSchedulerMixin:
         return super()._free_request(request, *args, **kwargs)
 
 
-class AdaptiveScheduler(AdaptiveSchedulerMixin, Scheduler):
+class AdaptiveScheduler(AdaptiveSchedulerMixin, UniformDraftsMixin, Scheduler):
     pass
 
 
 class AdaptiveAsyncScheduler(AdaptiveSchedulerMixin, AsyncScheduler):
-    pass
+    pass  # drafts stay on the device under async scheduling: nothing to pad here
