@@ -25,9 +25,11 @@
   ``ngram_match`` kernel over device-resident token histories, vLLM's ``ngram_gpu`` path, with
   async scheduling where the device has it), ``0`` on the host (our C++ index). Default: the
   device layer's choice (``DeviceLayer.ngram_on_device``: GPUs yes, the CPU no).
-- ``SPECDEC_UNIFORM_DRAFTS=1``: pad the n-gram (host) and suffix drafts of a step to the
-  step's draft length with filler tokens, so the verification step is a uniform decode batch
-  that replays full graphs (adaptive/uniform_drafts.py). Opt-in until measured on a GPU.
+- ``SPECDEC_UNIFORM_DRAFTS=1``: pad the n-gram and suffix drafts of a step to the step's
+  draft length with filler tokens (host proposers in the scheduler, the device n-gram path in
+  the runner, which then neither trims nor waits for the match counts), so the verification
+  step is a uniform decode batch that replays full graphs (adaptive/uniform_drafts.py). With
+  adaptive drafting only. Opt-in until measured on a GPU.
 - ``SPECDEC_CPU_LINEAR=auto|bf16w|fp32|bf16|torch``: weights of the linear layers and the LM
   head on CPU, packed once at load (device/cpu.py ``linear_packing``, per weight). ``auto``
   (default): weights whose values are all bfloat16 (a bfloat16 checkpoint, in float32 or

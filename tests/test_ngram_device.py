@@ -175,14 +175,17 @@ def _recorded(worker):
 
 @pytest.fixture
 def device_ngram_engine(engines, smollm2_path, monkeypatch):
-    def get(adaptive: bool):
+    def get(adaptive: bool, uniform: bool = False):
         # Read in this process when the engine config is built (patch P6), and by the engine
         # process it starts; callables reach the worker only with insecure serialization.
         monkeypatch.setenv("SPECDEC_NGRAM_ON_DEVICE", "1")
         monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        # ``uniform``: SPECDEC_UNIFORM_DRAFTS=1 is set by the caller; a distinct max_num_seqs
+        # keeps that engine apart from the others in the pool (it reads the variable at start).
+        extra = {"max_num_seqs": 255} if uniform else {}
         llm = engines.get(smollm2_path, metrics=True, adaptive=adaptive,
                           enable_prefix_caching=False, disable_log_stats=False,
-                          speculative_config=dict(SPEC))
+                          speculative_config=dict(SPEC), **extra)
         assert llm.llm_engine.vllm_config.speculative_config.method == "ngram_gpu"
         assert llm.collective_rpc(_record_matches) == ["SpecDecNgramProposerGPU"]
         return llm
@@ -233,3 +236,46 @@ def test_adaptive_lengths_reach_the_device_proposer(engines, smollm2_path, devic
     assert any(not d for d in drafts), "every request always matched: the check is vacuous"
     assert delta["vllm:spec_decode_num_drafts"] <= sum(map(bool, drafts)), delta
     assert delta["vllm:spec_decode_num_draft_tokens"] <= sum(map(len, drafts)), delta
+
+
+# Run in the engine's worker: count the slots the runner trimmed and those it filled.
+def _record_slots(worker):
+    runner = worker.model_runner
+    runner.slot_log = {"trimmed": 0, "filler": 0}
+    filler_of_last_step = runner._filler_of_last_step
+    sample_tokens = runner.sample_tokens
+
+    def counting_filler():
+        filler = filler_of_last_step()
+        runner.slot_log["filler"] += sum(filler.values())
+        return filler
+
+    def counting_sample(*args, **kwargs):
+        runner.slot_log["trimmed"] += sum((runner._specdec_trimmed or {}).values())
+        return sample_tokens(*args, **kwargs)
+
+    runner._filler_of_last_step, runner.sample_tokens = counting_filler, counting_sample
+    return runner.drafter.pad_to_k
+
+
+def _slots(worker):
+    return worker.model_runner.slot_log
+
+
+def test_uniform_device_drafts_verify_filler_not_trim(engines, smollm2_path, device_ngram_engine,
+                                                      monkeypatch):
+    """SPECDEC_UNIFORM_DRAFTS=1: unmatched slots are verified with filler (never trimmed), the
+    output is unchanged, and vLLM's counters count the kernel's drafts, not the filler."""
+    baseline = _greedy(engines.get(smollm2_path, enable_prefix_caching=False))
+    monkeypatch.setenv("SPECDEC_UNIFORM_DRAFTS", "1")
+    llm = device_ngram_engine(adaptive=True, uniform=True)
+    assert llm.collective_rpc(_record_slots) == [True]
+    before = counters(llm)
+    assert _greedy(llm) == baseline
+    delta = {name: counter_delta(before, counters(llm), name) for name in before}
+    [slots] = llm.collective_rpc(_slots)
+    [(recorded, _)] = llm.collective_rpc(_recorded)
+    assert slots["trimmed"] == 0 and slots["filler"] > 0, slots
+    matched = [draft for _, draft, _ in recorded]
+    assert 0 < delta["vllm:spec_decode_num_draft_tokens"] <= sum(map(len, matched)), delta
+    assert delta["vllm:spec_decode_num_accepted_tokens"] <= delta["vllm:spec_decode_num_draft_tokens"]

@@ -116,6 +116,15 @@ def test_p7_device_ngram_proposer():
     assert "update_scheduler_for_invalid_drafts(" in text
     assert "self._model_runner_output = model_runner_output" in text
     assert "output = self._model_runner_output" in text
+    # Uniform drafts (NgramTrimReportMixin._update_states_untrimmed) keep every slot by handing
+    # the trim these two runner attributes: it must still wait on the one and read the other.
+    assert ("self._num_valid_draft_tokens_event,\n                self._num_valid_draft_tokens_cpu,"
+            in text)
+    trim = _source("v1/spec_decode/ngram_proposer_gpu.py").split(
+        "def update_scheduler_for_invalid_drafts(", 1)[1].split("\ndef ", 1)[0]
+    assert "num_valid_draft_tokens_event.synchronize()" in trim
+    assert "valid_k = int(num_valid_draft_tokens_cpu[req_index].item())" in trim
+    assert "valid_k = max(0, min(valid_k, scheduled_k))" in trim
     assert _params("v1/core/sched/scheduler.py", "update_from_output", cls="Scheduler") == [
         "self", "scheduler_output", "model_runner_output"]
 

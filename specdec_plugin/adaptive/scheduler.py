@@ -21,7 +21,7 @@ from specdec_plugin.adaptive.handoff import read_cost_table
 from specdec_plugin.adaptive.uniform_drafts import UniformDraftsMixin
 from specdec_plugin.log import init_logger
 from specdec_plugin.spec_decode.deferred_sync import tail_block_ids, uncache_window
-from specdec_plugin.spec_decode.ngram_device import TRIMMED_DRAFTS
+from specdec_plugin.spec_decode.ngram_device import FILLER_DRAFTS, TRIMMED_DRAFTS
 
 logger = init_logger(__name__)
 
@@ -70,13 +70,21 @@ class AdaptiveSchedulerMixin:
         # Device n-gram (method ngram_gpu): draft slots the runner trimmed because the match
         # drafted fewer count as vLLM's invalid spec tokens, as if never drafted, which is what
         # the host index reports (spec_decode/ngram_device.py, NgramTrimReportMixin).
+        # With uniform drafts the runner verifies those slots with filler instead
+        # (FILLER_DRAFTS): invalid for vLLM's counters too, but verified, so the controller
+        # counts them (make_spec_decoding_stats).
         trimmed = getattr(model_runner_output, TRIMMED_DRAFTS, None)
-        if trimmed:
-            invalid = dict(scheduler_output.num_invalid_spec_tokens or {})
-            for req_id, n in trimmed.items():
-                invalid[req_id] = invalid.get(req_id, 0) + n
-            scheduler_output.num_invalid_spec_tokens = invalid
-        return super().update_from_output(scheduler_output, model_runner_output)
+        self._runner_filler = getattr(model_runner_output, FILLER_DRAFTS, None) or {}
+        for slots in (trimmed, self._runner_filler):
+            if slots:
+                invalid = dict(scheduler_output.num_invalid_spec_tokens or {})
+                for req_id, n in slots.items():
+                    invalid[req_id] = invalid.get(req_id, 0) + n
+                scheduler_output.num_invalid_spec_tokens = invalid
+        try:
+            return super().update_from_output(scheduler_output, model_runner_output)
+        finally:
+            self._runner_filler = {}
 
     def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                                  num_invalid_spec_tokens, request_id):
@@ -85,8 +93,11 @@ class AdaptiveSchedulerMixin:
             drafted -= num_invalid_spec_tokens.get(request_id, 0)
         # Filler slots (uniform_drafts.py) are not drafts for vLLM's metrics, but each cost a
         # verification slot: the controller learns what a slot is worth.
-        filler = getattr(self, "filler_slots", lambda _: 0)(request_id)
+        filler = (getattr(self, "filler_slots", lambda _: 0)(request_id)
+                  + getattr(self, "_runner_filler", {}).get(request_id, 0))
         self.draft_controller.observe(request_id, drafted + filler, num_accepted_tokens)
+        if filler:  # a filler the target happened to choose is not an accepted draft
+            num_accepted_tokens = min(num_accepted_tokens, max(drafted, 0))
         if drafted <= 0:
             # Every slot invalid (a device n-gram request with no match): no draft, as the host
             # index reports it; vLLM would count a draft of 0 tokens.

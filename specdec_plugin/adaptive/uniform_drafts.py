@@ -24,6 +24,12 @@ only. The adaptive controller does count them, as drafted tokens that were (almo
 rejected: in a padded step every request pays for k slots, so the acceptance it learns per
 request is the value of a slot.
 
+The device n-gram path (method "ngram_gpu", the GPU default for "ngram") gets the same under
+the same switch elsewhere: there the scheduler already reserves k slots for every request, and
+vLLM's runner trims the unmatched ones (after waiting on the host for the previous step's
+match counts); the runner instead verifies them with filler and reports them
+(spec_decode/ngram_device.py, ``fill_unmatched`` and ``NgramTrimReportMixin``).
+
 Opt-in (``SPECDEC_UNIFORM_DRAFTS=1``) until it is measured on a GPU. On the CPU there are no
 graphs, so padding only adds verification work.
 """

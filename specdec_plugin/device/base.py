@@ -86,6 +86,11 @@ class DeviceLayer:
     def synchronize(self) -> None:
         pass
 
+    def event(self):
+        """A device event to record behind queued work and wait on later (``torch.Event``;
+        in a CPU worker process patch P5's host stand-in)."""
+        return torch.Event(device=torch.device(self.torch_device_type))
+
     # ---- worker hooks ----
     def worker_device(self, local_rank: int) -> torch.device:
         raise NotImplementedError

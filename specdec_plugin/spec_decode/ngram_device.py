@@ -74,6 +74,8 @@ class SpecDecNgramProposerGPU(NgramProposerGPU):
         self.max_num_seqs = vllm_config.scheduler_config.max_num_seqs
         self.device = device
         self.match = get_kernel("ngram_match", tuple(current_platform.device.kernel_providers))
+        # Uniform draft lengths (adaptive/uniform_drafts.py): unmatched slots carry filler.
+        self.pad_to_k = pads_device_drafts(vllm_config)
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -127,9 +129,12 @@ class SpecDecNgramProposerGPU(NgramProposerGPU):
         if k == 0:
             return torch.empty((batch, 0), dtype=torch.int32, device=self.device), None
         # A request drafts once it has sampled this step (not while its prompt is prefilling).
-        return self.match(token_ids_gpu, num_tokens_no_spec + valid_sampled_tokens_count,
-                          valid_sampled_tokens_count > 0, self.min_n, self.max_n, k,
-                          self.max_model_len)
+        num_tokens = num_tokens_no_spec + valid_sampled_tokens_count
+        drafts, counts = self.match(token_ids_gpu, num_tokens, valid_sampled_tokens_count > 0,
+                                    self.min_n, self.max_n, k, self.max_model_len)
+        if self.pad_to_k:
+            drafts = fill_unmatched(drafts, counts, token_ids_gpu, num_tokens)
+        return drafts, counts
 
     def load_model(self, *args, **kwargs) -> None:
         pass
@@ -153,8 +158,38 @@ def append_sampled(token_ids: torch.Tensor, num_tokens: torch.Tensor, sampled: t
                                           token_ids.gather(1, at)))
 
 
-# The attribute of ModelRunnerOutput that carries the trims to the scheduler.
+def fill_unmatched(drafts: torch.Tensor, counts: torch.Tensor, token_ids: torch.Tensor,
+                   num_tokens: torch.Tensor) -> torch.Tensor:
+    """Each row's slots past its match count filled with the row's last history token (a valid
+    id to verify, where the kernel leaves -1), on the device, without a host sync."""
+    rows = torch.arange(drafts.shape[0], device=drafts.device)
+    last = token_ids[rows, (num_tokens.long() - 1).clamp(0, token_ids.shape[1] - 1)]
+    cols = torch.arange(drafts.shape[1], device=drafts.device)
+    matched = cols.unsqueeze(0) < counts.unsqueeze(1)
+    return torch.where(matched, drafts, last.to(drafts.dtype).unsqueeze(1))
+
+
+def pads_device_drafts(vllm_config) -> bool:
+    """Uniform draft lengths for the device n-gram path (``SPECDEC_UNIFORM_DRAFTS=1`` with
+    adaptive drafting, as for the host proposers in adaptive/uniform_drafts.py)."""
+    from specdec_plugin.adaptive.config import adaptive_enabled
+
+    spec = vllm_config.speculative_config
+    return (envs.uniform_drafts() and spec is not None and spec.use_ngram_gpu()
+            and adaptive_enabled(vllm_config))
+
+
+# The attributes of ModelRunnerOutput that carry, to the scheduler, the draft slots the runner
+# trimmed (never verified) and those it verified with filler (uniform drafts).
 TRIMMED_DRAFTS = "specdec_trimmed_drafts"
+FILLER_DRAFTS = "specdec_filler_drafts"
+
+
+class _NoWait:
+    """Stands in for the runner's event of the draft counts' copy: nothing to wait for."""
+
+    def synchronize(self) -> None:
+        pass
 
 
 class NgramTrimReportMixin:
@@ -173,11 +208,15 @@ class NgramTrimReportMixin:
     """
 
     _specdec_trimmed: dict[str, int] | None = None
+    _specdec_filler: dict[str, int] | None = None
+    _specdec_counts: tuple | None = None  # (event, host counts, rows, slots) of the last step
 
     def _update_states(self, scheduler_output):
         spec = self.speculative_config
         if spec is None or not spec.use_ngram_gpu():
             return super()._update_states(scheduler_output)
+        if getattr(self.drafter, "pad_to_k", False):
+            return self._update_states_untrimmed(scheduler_output)
         # The runner's own copy of the scheduler output (gpu_model_runner.py:4125-4140),
         # trimmed in place by the call below.
         reserved = {req: len(slots)
@@ -188,14 +227,58 @@ class NgramTrimReportMixin:
                                  for req, n in reserved.items() if n > len(kept.get(req, ()))}
         return result
 
+    def _update_states_untrimmed(self, scheduler_output):
+        """Uniform drafts: every reserved slot is verified, unmatched ones with filler
+        (``fill_unmatched``), so the step stays a uniform decode batch. vLLM's trim first waits
+        for the previous step's draft counts (host sync) and then trims: both are skipped by
+        handing it counts that keep every slot and an event with nothing to wait for. The real
+        counts are copied to the host behind the previous step's work, and read once this
+        step's forward is queued (``sample_tokens``), to report the filler slots."""
+        slots = {req: len(s) for req, s in scheduler_output.scheduled_spec_decode_tokens.items()}
+        counts = self._num_valid_draft_tokens
+        self._specdec_counts = None
+        if slots and counts is not None:
+            host = torch.empty(counts.shape, dtype=counts.dtype, device="cpu",
+                               pin_memory=self.device_layer.pin_memory)
+            host.copy_(counts, non_blocking=True)
+            event = self.device_layer.event()
+            event.record()
+            # Rows as the previous step's batch numbered them (the batch changes below).
+            rows = {req: self.input_batch.req_id_to_index.get(req) for req in slots}
+            self._specdec_counts = (event, host, rows, slots)
+        saved = self._num_valid_draft_tokens_event, self._num_valid_draft_tokens_cpu
+        keep_all = torch.full_like(self._num_valid_draft_tokens_cpu, self.num_spec_tokens + 1)
+        self._num_valid_draft_tokens_event, self._num_valid_draft_tokens_cpu = _NoWait(), keep_all
+        try:
+            return super()._update_states(scheduler_output)
+        finally:
+            self._num_valid_draft_tokens_event, self._num_valid_draft_tokens_cpu = saved
+
+    def _filler_of_last_step(self) -> dict[str, int]:
+        pending, self._specdec_counts = self._specdec_counts, None
+        if pending is None:
+            return {}
+        event, host, rows, slots = pending
+        event.synchronize()  # the previous step's work only: this step's is queued behind it
+        filler = {}
+        for req, n in slots.items():
+            row = rows.get(req)
+            if row is not None and row < host.shape[0] and int(host[row]) < n:
+                filler[req] = n - max(int(host[row]), 0)
+        return filler
+
     def sample_tokens(self, grammar_output):
         output = super().sample_tokens(grammar_output)
         trimmed, self._specdec_trimmed = self._specdec_trimmed, None
-        if trimmed:
+        filler = self._filler_of_last_step()
+        if trimmed or filler:
             from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
             # Async scheduling wraps the output that its get_output() later returns.
             inner = getattr(output, "_model_runner_output", output)
             if isinstance(inner, ModelRunnerOutput) and inner is not EMPTY_MODEL_RUNNER_OUTPUT:
-                setattr(inner, TRIMMED_DRAFTS, trimmed)
+                if trimmed:
+                    setattr(inner, TRIMMED_DRAFTS, trimmed)
+                if filler:
+                    setattr(inner, FILLER_DRAFTS, filler)
         return output
