@@ -8,7 +8,8 @@ per-position acceptance at each batch size, and the ratio ours/native.
 
     python benchmarks/bench_gpu_side_by_side.py --out results/ [--model llama7b-random]
         [--methods none,draft_model,eagle,eagle3,ngram,suffix] [--batches 1,16]
-        [--backends native,ours,ours-static,ours-defer,ours-nodefer,ours-async,native-async,ours-sync]
+        [--backends native,ours,ours-static,ours-defer,ours-nodefer,ours-async,native-async,ours-sync,
+                    ours-uniform]
 
 Models:
 - ``llama7b-random``: the random 7.24B Llama of ../shared/notes/native-baseline.md with random
@@ -142,6 +143,11 @@ BACKENDS = {
                           engine={"async_scheduling": True}, methods=frozenset({"draft_model"})),
     "native-async": Backend("native", "vLLM native, async scheduling",
                             engine={"async_scheduling": True}, methods=frozenset({"draft_model"})),
+    # n-gram and suffix drafts padded to the step's length (adaptive/uniform_drafts.py):
+    # uniform decode batches, full graphs. Opt-in until this backend is measured.
+    "ours-uniform": Backend("ours", "specdec_plugin, uniform draft lengths",
+                            {"SPECDEC_UNIFORM_DRAFTS": "1"},
+                            methods=frozenset({"ngram", "suffix"})),
     # What async scheduling is worth to plain decoding: the methods that run without it
     # (suffix, draft model by default) pay at most this.
     "ours-sync": Backend("ours", "specdec_plugin, async scheduling off",
@@ -298,7 +304,8 @@ def main() -> None:
                              "with adaptive drafting off, SPECDEC_ADAPTIVE=0; ours-defer: the drafter's "
                              "KV sync deferred, SPECDEC_DEFER_DRAFTER_SYNC=1, ours-nodefer =0; ours-async, "
                              "native-async: draft model with async_scheduling=True; ours-sync: plain "
-                             "decoding with async scheduling off)")
+                             "decoding with async scheduling off; ours-uniform: n-gram and suffix "
+                             "with SPECDEC_UNIFORM_DRAFTS=1)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "
                              "run_clock_windows) to tell a slow timed run's cause")
