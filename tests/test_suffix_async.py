@@ -167,41 +167,61 @@ def test_accepted_counts_follow_the_rejection_output():
     assert last.tolist()[:3] == [6, 7, 11]
 
 
-def _config(method="suffix", async_scheduling=False, pp=1):
-    from vllm.v1.executor.uniproc_executor import UniProcExecutor
-
-    return SimpleNamespace(
-        speculative_config=SimpleNamespace(method=method, num_speculative_tokens=K),
-        scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
-        parallel_config=SimpleNamespace(pipeline_parallel_size=pp,
-                                        distributed_executor_backend=UniProcExecutor,
-                                        disable_nccl_for_dp_synchronization=False),
-        model_config=SimpleNamespace(disable_cascade_attn=False))
-
-
-@pytest.mark.parametrize("env,device,user,method,want", [
-    (None, "cuda", None, "suffix", False),  # off by default
-    ("1", "cuda", None, "suffix", True),
-    ("1", "cpu", None, "suffix", False),  # no streams on the CPU...
-    ("force", "cpu", None, "suffix", True),  # ...unless forced (tests)
-    ("1", "cuda", False, "suffix", False),  # the user's explicit "off" wins
-    ("1", "cuda", None, "ngram", False),  # other methods untouched
+@pytest.mark.parametrize("env,user,want", [
+    (None, None, False),  # off by default: vLLM turns it off for suffix
+    ("1", None, False),  # vLLM turns it on (P12), the CPU device off (no streams)...
+    ("force", None, True),  # ...unless forced (tests)
+    ("force", True, True),  # an explicit True is accepted (vLLM raises without P12)
+    ("force", False, False),  # the user's explicit "off" wins
 ])
-def test_config_turns_async_scheduling_on_for_suffix_only_where_asked(monkeypatch, env, device,
-                                                                      user, method, want):
-    from specdec_plugin.device.cpu import CpuDevice
-    from specdec_plugin.device.cuda import CudaDevice
-    from specdec_plugin.spec_decode.suffix_async_config import (
-        apply_suffix_async,
-        recording_user_choice,
-    )
+def test_config_turns_async_scheduling_on_for_suffix_only_where_asked(monkeypatch, smollm2_path,
+                                                                      env, user, want):
+    from vllm.engine.arg_utils import EngineArgs
+    import vllm.config.vllm as vllm_config_module
 
     if env is None:
         monkeypatch.delenv("SPECDEC_SUFFIX_ASYNC", raising=False)
     else:
         monkeypatch.setenv("SPECDEC_SUFFIX_ASYNC", env)
-    config = _config(method)
-    with recording_user_choice(user):
-        apply_suffix_async(config, {"cuda": CudaDevice, "cpu": CpuDevice}[device])
+    vllm_name = vllm_config_module.NgramGPUTypes
+    args = EngineArgs(model=smollm2_path, dtype="float32", max_model_len=1024,
+                      async_scheduling=user,
+                      speculative_config={"method": "suffix", "num_speculative_tokens": K})
+    config = args.create_engine_config()
     assert config.scheduler_config.async_scheduling is want
-    assert config.model_config.disable_cascade_attn is want
+    assert config.scheduler_config.scheduler_cls is None or want == (
+        "Async" in config.scheduler_config.scheduler_cls)
+    assert vllm_config_module.NgramGPUTypes is vllm_name  # P12 undone after the build
+
+
+def test_without_the_variable_vllm_still_refuses_explicit_async_suffix(monkeypatch, smollm2_path):
+    from vllm.engine.arg_utils import EngineArgs
+
+    monkeypatch.delenv("SPECDEC_SUFFIX_ASYNC", raising=False)
+    args = EngineArgs(model=smollm2_path, dtype="float32", max_model_len=1024,
+                      async_scheduling=True,
+                      speculative_config={"method": "suffix", "num_speculative_tokens": K})
+    with pytest.raises(ValueError, match="async scheduling is only supported"):
+        args.create_engine_config()
+
+
+def test_p12_reaches_processes_that_build_no_config(tmp_path):
+    """An engine-core process runs VllmConfig.__post_init__ again on the config it received:
+    P12 must be in place there from the platform's import alone (patches/suffix_async_types.py).
+    A fresh interpreter resolves the platform (as vLLM does when torch_utils is imported),
+    then loads vLLM's config module."""
+    import subprocess
+    import sys
+
+    code = ("import vllm.utils.torch_utils\n"
+            "import vllm.config.vllm as m\n"
+            "from typing import get_args\n"
+            "print('P12', sorted(get_args(m.NgramGPUTypes)))\n")
+    env = {**__import__("os").environ, "SPECDEC_SUFFIX_ASYNC": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert "P12 ['ngram_gpu', 'suffix']" in out.stdout, out.stdout + out.stderr[-2000:]
+    env["SPECDEC_SUFFIX_ASYNC"] = "0"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert "P12 ['ngram_gpu']" in out.stdout, out.stdout + out.stderr[-2000:]
