@@ -8,6 +8,7 @@ pattern: the same k at every step in two engines.
 """
 from __future__ import annotations
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 # Runs of k = 0 shorter and longer than the deferral depth (8), each ended by a drafting step.
@@ -25,6 +26,14 @@ class _Pattern:
 
 
 class ForcedDraftLengthScheduler(Scheduler):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.dynamic_sd_lookup = _Pattern()
+
+
+class ForcedDraftLengthAsyncScheduler(AsyncScheduler):
+    """The same pattern under async scheduling (tests/test_suffix_async_engine.py)."""
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.dynamic_sd_lookup = _Pattern()
