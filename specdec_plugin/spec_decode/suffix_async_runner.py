@@ -6,7 +6,7 @@ what that path does, and this mixin does only that, through runner methods:
 
 - ``sample_tokens(t)``: no proposal. The step is queued for the lazy proposer
   (spec_decode/suffix_lazy.py) with the host copy of its sampled tokens that vLLM's async
-  output starts anyway. ``propose_draft_token_ids`` returns None for it.
+  output starts anyway. ``propose_draft_token_ids`` returns no drafts (an empty tensor).
 - ``_bookkeeping_sync(t)``, when step t verified drafts (reserved slots): each request's
   accepted count and last token on the device, handed to vLLM's
   ``_copy_valid_sampled_token_count`` as EAGLE's path does before bookkeeping (without it
@@ -146,7 +146,11 @@ class SuffixAsyncMixin:
             return super().propose_draft_token_ids(*args, **kwargs)
         if self._suffix_step is not None:
             self._suffix_step[1] = True  # the batch fits: the next step may draft
-        return None
+        # No drafts yet: an empty tensor rather than None, because vLLM reads this one back as
+        # a tensor when it copies drafts to the host for structured output or penalties
+        # (_copy_draft_token_ids_to_cpu, _get_draft_token_ids_cpu); a drafting step replaces it.
+        return torch.empty((self.input_batch.num_reqs, 0), dtype=torch.int32,
+                           device=self.device)
 
     def sample_tokens(self, grammar_output):
         lazy = self._lazy_suffix()
