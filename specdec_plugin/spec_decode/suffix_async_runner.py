@@ -111,12 +111,13 @@ class SuffixAsyncMixin:
         if not width or not prev:
             return
         host = self.draft_token_ids_cpu
-        host[:, :width].fill_(-1)
+        rows = max(prev.values()) + 1
+        view = host.numpy()  # the same pinned memory; numpy writes cost no tensor per row
+        view[:, :width] = -1  # every row: vLLM may read rows past the last request (prefills)
         for req_id, draft in drafts.items():
             row = prev.get(req_id)
             if draft and row is not None:
-                host[row, :len(draft)] = torch.tensor(draft, dtype=host.dtype)
-        rows = max(prev.values()) + 1
+                view[row, :len(draft)] = draft
         self._draft_token_ids = host[:rows, :width].to(self.device, non_blocking=True,
                                                        copy=True)
         self.prev_num_spec_tokens = width

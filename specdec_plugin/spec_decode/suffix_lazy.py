@@ -103,11 +103,11 @@ class LazySuffixDrafts:
                 index.stop_request(req_id)
             self._num_tokens.pop(req_id, None)
         self._stops_after_drafts = rec.stops
-        rows = np.asarray(rec.sampled)
+        rows, counts = _accepted(np.asarray(rec.sampled), self.vocab_size)
         for row, req_id in enumerate(rec.req_ids):
-            tokens = [] if row in rec.invalid_rows else _accepted(rows[row], self.vocab_size)
-            if not tokens:
+            if row in rec.invalid_rows or not counts[row]:
                 continue
+            tokens = rows[row][:counts[row]]
             if req_id in rec.starts:
                 if index.has_cached(req_id):  # the id came back (preempted and resumed)
                     index.evict_cached(req_id)
@@ -153,9 +153,10 @@ class LazySuffixDrafts:
         return {req_id: made.get(req_id, []) for req_id in reserved}
 
 
-def _accepted(row: np.ndarray, vocab_size: int) -> list[int]:
-    """A rejection-sampler row's accepted tokens (vLLM's ``parse_output`` rule: -1 and ids past
-    the vocabulary are placeholders; valid tokens come first)."""
-    valid = (row != -1) & (row < vocab_size)
-    count = int(valid.argmin()) if not valid.all() else len(row)
-    return row[:count].tolist()
+def _accepted(sampled: np.ndarray, vocab_size: int) -> tuple[list[list[int]], list[int]]:
+    """A rejection-sampler output as lists, and each row's count of accepted tokens (vLLM's
+    ``parse_output`` rule: -1 and ids past the vocabulary are placeholders; valid tokens come
+    first). One pass over the batch: this runs every step."""
+    valid = (sampled != -1) & (sampled < vocab_size)
+    counts = np.where(valid.all(axis=1), sampled.shape[1], valid.argmin(axis=1))
+    return sampled.tolist(), counts.tolist()
