@@ -60,7 +60,8 @@ P6 input checks before ``ModelConfig`` (``EngineArgs.create_engine_config``, pat
    and turns method "ngram" into vLLM's "ngram_gpu" where the device layer matches n-grams on
    the device (spec_decode/ngram_device.py): here, because vLLM resolves async scheduling from
    the method inside ``VllmConfig.__post_init__`` (config/vllm.py:1059-1080), before any
-   platform hook, and allows it for "ngram_gpu" only.
+   platform hook, and allows it for "ngram_gpu" only. Around the build it applies P12 when
+   ``SPECDEC_SUFFIX_ASYNC`` is on.
    Replaces: engine/arg_utils.py:1847 ``EngineArgs.create_engine_config`` (wrapped, not changed).
    Installed from the ``vllm.general_plugins`` entry point (vLLM loads it in
    ``EngineArgs.__post_init__``), unlike P1-P5 which are applied in workers.
