@@ -9,7 +9,7 @@ per-position acceptance at each batch size, and the ratio ours/native.
     python benchmarks/bench_gpu_side_by_side.py --out results/ [--model llama7b-random]
         [--methods none,draft_model,eagle,eagle3,ngram,suffix] [--batches 1,16]
         [--backends native,ours,ours-static,ours-defer,ours-nodefer,ours-async,native-async,ours-sync,
-                    ours-uniform]
+                    ours-uniform,ours-suffix-async]
 
 Models:
 - ``llama7b-random``: the random 7.24B Llama of ../shared/notes/native-baseline.md with random
@@ -152,6 +152,10 @@ BACKENDS = {
     # (suffix, draft model by default) pay at most this.
     "ours-sync": Backend("ours", "specdec_plugin, async scheduling off",
                          engine={"async_scheduling": False}, methods=frozenset({"none"})),
+    # Suffix decoding under async scheduling, drafts made lazily (SPECDEC_SUFFIX_ASYNC,
+    # spec_decode/suffix_lazy.py): opt-in until measured here; "ours" runs it synchronously.
+    "ours-suffix-async": Backend("ours", "specdec_plugin, suffix under async scheduling",
+                                 env={"SPECDEC_SUFFIX_ASYNC": "1"}, methods=frozenset({"suffix"})),
 }
 _COLUMNS = [name.replace("-", "_") for name in BACKENDS]  # their keys in the JSON rows
 
@@ -305,7 +309,8 @@ def main() -> None:
                              "KV sync deferred, SPECDEC_DEFER_DRAFTER_SYNC=1, ours-nodefer =0; ours-async, "
                              "native-async: draft model with async_scheduling=True; ours-sync: plain "
                              "decoding with async scheduling off; ours-uniform: n-gram and suffix "
-                             "with SPECDEC_UNIFORM_DRAFTS=1)")
+                             "with SPECDEC_UNIFORM_DRAFTS=1; ours-suffix-async: suffix decoding "
+                             "under async scheduling, SPECDEC_SUFFIX_ASYNC=1)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "
                              "run_clock_windows) to tell a slow timed run's cause")

@@ -30,6 +30,12 @@
   the runner, which then neither trims nor waits for the match counts), so the verification
   step is a uniform decode batch that replays full graphs (adaptive/uniform_drafts.py). With
   adaptive drafting only. Opt-in until measured on a GPU.
+- ``SPECDEC_SUFFIX_ASYNC=0|1|force``: method "suffix" under vLLM's async scheduling, which
+  vLLM 0.26 turns off for it (spec_decode/suffix_async_config.py): drafts are made lazily, a
+  step that drafts nothing never waits for the device (spec_decode/suffix_lazy.py). ``1``: on
+  devices whose layer supports async scheduling (CUDA); ``force``: also where the device layer
+  has no streams (the CPU: host stand-ins serialise everything; for tests). Default ``0`` until
+  it is measured on a GPU. An explicit ``async_scheduling=False`` from the user wins.
 - ``SPECDEC_CPU_LINEAR=auto|bf16w|fp32|bf16|torch``: weights of the linear layers and the LM
   head on CPU, packed once at load (device/cpu.py ``linear_packing``, per weight). ``auto``
   (default): weights whose values are all bfloat16 (a bfloat16 checkpoint, in float32 or
@@ -105,6 +111,18 @@ def ngram_on_device() -> bool | None:
     """None: unset, the device layer decides."""
     value = os.environ.get("SPECDEC_NGRAM_ON_DEVICE", "").strip().lower()
     return None if not value else value in _TRUE
+
+
+SUFFIX_ASYNC_CHOICES = ("0", "1", "force")
+
+
+def suffix_async() -> str:
+    value = os.environ.get("SPECDEC_SUFFIX_ASYNC", "0").strip().lower() or "0"
+    if value in _TRUE:
+        return "1"
+    if value not in SUFFIX_ASYNC_CHOICES:
+        raise ValueError(f"SPECDEC_SUFFIX_ASYNC={value!r}: expected one of {SUFFIX_ASYNC_CHOICES}")
+    return value
 
 
 CPU_LINEAR_CHOICES = ("auto", "bf16w", "fp32", "bf16", "torch")

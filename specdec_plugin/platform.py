@@ -22,6 +22,13 @@ from specdec_plugin.device.base import DeviceLayer
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
+# Patch P12 (method "suffix" async-capable while SPECDEC_SUFFIX_ASYNC is on) in processes that
+# build no engine config themselves but run VllmConfig.__post_init__ again (engine cores):
+# vLLM imports this module before its config modules, so it is in place before any config.
+from specdec_plugin.patches import suffix_async_types as _p12  # noqa: E402
+
+_p12.apply_in_this_process()
+
 ATTENTION_BACKEND = "specdec_plugin.attention.backend.SpecDecAttentionBackend"
 WORKER = "specdec_plugin.worker.worker.SpecDecWorker"
 
@@ -143,8 +150,13 @@ class SpecDecPlatform(Platform):
         from specdec_plugin.config_defaults import apply_defaults
 
         validate(vllm_config, cls.device)
+        resolved_async = vllm_config.scheduler_config.async_scheduling  # vLLM's choice
         apply_defaults(vllm_config, cls.device, worker_cls=WORKER)
         from specdec_plugin.adaptive.config import apply_adaptive
+        from specdec_plugin.spec_decode.suffix_async_config import apply_suffix_async
+
+        # After the defaults (they turn async scheduling off on devices without streams).
+        apply_suffix_async(vllm_config, cls.device, bool(resolved_async))
 
         # After the defaults: the scheduler class follows the async-scheduling choice.
         apply_adaptive(vllm_config)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from specdec_plugin.adaptive.uniform_drafts import FILLER_SLOTS, UniformDraftsMixin
@@ -54,3 +55,9 @@ class ForcedUniformDraftScheduler(UniformDraftsMixin, ForcedDraftLengthScheduler
                     "tokens": dict(out.num_scheduled_tokens),
                 }) + "\n")
         return out
+class ForcedDraftLengthAsyncScheduler(AsyncScheduler):
+    """The same pattern under async scheduling (tests/test_suffix_async_engine.py)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.dynamic_sd_lookup = _Pattern()

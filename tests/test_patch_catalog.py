@@ -176,3 +176,16 @@ def test_p11_cpu_linear_methods():
     # The LM head's products go through apply (packed lazily there, see cpu_linear.py).
     assert "lm_head.quant_method.apply(" in _source("model_executor/layers/logits_processor.py")
     assert callable(cpu_linear.apply)
+
+
+def test_p12_suffix_counted_as_async_capable():
+    # config/vllm.py imports the name from .speculative and reads it only in its two checks of
+    # async scheduling against the method; the engine core runs __post_init__ again.
+    text = _source("config/vllm.py")
+    assert "from .speculative import EagleModelTypes, NgramGPUTypes, SpeculativeConfig" in text
+    uses = [line.strip() for line in text.splitlines() if "NgramGPUTypes" in line]
+    assert uses[1:] == ["and self.speculative_config.method not in get_args(NgramGPUTypes)"] * 2
+    assert text.index("get_args(NgramGPUTypes)") < text.index(
+        "current_platform.check_and_update_config(self)")
+    assert "vllm_config.__post_init__()" in _source("v1/engine/core.py")
+    assert 'return self.method == "ngram_gpu"' in _source("config/speculative.py")

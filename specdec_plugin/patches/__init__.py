@@ -6,7 +6,7 @@ what it changes, the vLLM 0.26 source it replaces ("Replaces", paths under vllm/
 can go. tests/test_patch_catalog.py fails when one of those vLLM symbols changes shape.
 P1-P3, P7, P9 are applied in a worker process, before the model runner is built, by
 ``apply_worker_patches`` (idempotent); P4-P5 by the CPU device layer in its worker process;
-P10 by the model runner where it applies.
+P10 by the model runner where it applies; P12 by P6 and at our platform module's import.
 
 P1 kernel warm-up (``vllm.v1.worker.gpu_worker.kernel_warmup``)
    Why: vLLM's warm-up imports CUDA fusion modules that touch ``torch.ops._C.rotary_embedding``
@@ -64,6 +64,7 @@ P6 input checks before ``ModelConfig`` (``EngineArgs.create_engine_config``, pat
    ``async_scheduling`` to True for the draft model where the device layer says
    ``async_draft_model`` (spec_decode/async_default.py: vLLM resolves unset to off for that
    method, though it accepts True).
+   Around the build it applies P12 when ``SPECDEC_SUFFIX_ASYNC`` is on.
    Replaces: engine/arg_utils.py:1847 ``EngineArgs.create_engine_config`` (wrapped, not changed).
    Installed from the ``vllm.general_plugins`` entry point (vLLM loads it in
    ``EngineArgs.__post_init__``), unlike P1-P5 which are applied in workers.
@@ -128,6 +129,22 @@ P11 linear layers and the LM head on the CPU (patches/cpu_linear.py, applied by 
    ``dispatch_unquantized_gemm``).
    When it can go: when ``dispatch_unquantized_gemm`` / the CPU weight packing ask the platform
    (e.g. a ``Platform`` hook for unquantized GEMMs) instead of ``is_cpu()``.
+
+P12 method "suffix" among vLLM's async-capable speculative methods, only while
+   ``SPECDEC_SUFFIX_ASYNC`` is on (``vllm.config.vllm.NgramGPUTypes``, patches/suffix_async_types.py)
+   Why: vLLM turns async scheduling off for suffix and raises when it is asked for; the platform
+   hook can turn it back on, but every engine-core process runs ``VllmConfig.__post_init__``
+   again after its handshake and raises there, before any hook. The lazy suffix proposer
+   (spec_decode/suffix_lazy.py) runs under async scheduling.
+   What: that name, which config/vllm.py reads only in its two async-scheduling checks, rebound
+   in that module to ``Literal["ngram_gpu", "suffix"]``: vLLM then resolves async scheduling for
+   suffix as for ``ngram_gpu``. Applied around each ``create_engine_config`` by P6 (and undone
+   after it), and in other processes from our platform module's import (a one-shot import hook
+   rebinds it when config/vllm.py has run).
+   Replaces: config/vllm.py:1040-1041 and :1073-1074 (``get_args(NgramGPUTypes)``, imported :49);
+   the re-run is v1/engine/core.py:1173.
+   When it can go: when vLLM lets a proposer declare that it supports async scheduling, or when
+   the suffix proposer's lazy drafts are measured and upstreamed.
 """
 from __future__ import annotations
 

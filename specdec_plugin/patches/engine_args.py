@@ -87,7 +87,10 @@ def _checked(create_engine_config):
         # Let the platform tell the user's capture sizes from vLLM's defaults (capture_sizes.py).
         from specdec_plugin.capture_sizes import recording_user_sizes
 
-        with recording_user_sizes(_user_capture_sizes(self)):
+        # Method "suffix" async-capable while SPECDEC_SUFFIX_ASYNC is on (patch P12).
+        from specdec_plugin.patches.suffix_async_types import while_building_config
+
+        with recording_user_sizes(_user_capture_sizes(self)), while_building_config():
             return create_engine_config(self, *args, **kwargs)
 
     create_engine_config_checked.__specdec_checked__ = True

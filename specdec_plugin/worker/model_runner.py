@@ -19,6 +19,7 @@ from specdec_plugin.log import init_logger
 
 from specdec_plugin.spec_decode.ngram_device import NgramTrimReportMixin
 from specdec_plugin.spec_decode.rejection_sampler import SpecDecRejectionSampler
+from specdec_plugin.spec_decode.suffix_async_runner import SuffixAsyncMixin
 from specdec_plugin.spec_decode.runner_drafters import install_drafter
 from specdec_plugin.worker.kernel_warmup import (
     compile_attention_variants,
@@ -29,7 +30,9 @@ from specdec_plugin.worker.memory_accounting import reserve_attention_workspaces
 logger = init_logger(__name__)
 
 
-class SpecDecModelRunner(AdaptiveGraphsMixin, NgramTrimReportMixin, GPUModelRunner):
+# SuffixAsyncMixin before NgramTrimReportMixin: its trims ride on the output the latter tags.
+class SpecDecModelRunner(AdaptiveGraphsMixin, SuffixAsyncMixin, NgramTrimReportMixin,
+                         GPUModelRunner):
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
         spec = vllm_config.speculative_config
         if spec is not None and spec.use_ngram_gpu() and not current_platform.device.pin_memory:

@@ -1,0 +1,180 @@
+"""Model-runner mixin: suffix decoding under async scheduling (``SPECDEC_SUFFIX_ASYNC``).
+
+vLLM 0.26's V1 runner has an async speculative path for drafters whose drafts stay on the
+device (EAGLE, ``ngram_gpu``). A host proposer fits it once the runner does, for its steps,
+what that path does, and this mixin does only that, through runner methods:
+
+- ``sample_tokens(t)``: no proposal. The step is queued for the lazy proposer
+  (spec_decode/suffix_lazy.py) with the host copy of its sampled tokens that vLLM's async
+  output starts anyway. ``propose_draft_token_ids`` returns no drafts (an empty tensor).
+- ``_bookkeeping_sync(t)``, when step t verified drafts (reserved slots): each request's
+  accepted count and last token on the device, handed to vLLM's
+  ``_copy_valid_sampled_token_count`` as EAGLE's path does before bookkeeping (without it
+  vLLM's async bookkeeping asserts one token per request, and its next-step correction of
+  ``num_computed_tokens`` has no counts).
+- ``execute_model(t+1)``, when the scheduler reserved draft slots for it: the drafts are made
+  now (waiting for step t's copy: the one point where the host needs the device, like
+  ``ngram_gpu``'s trim, gpu_model_runner.py:1316-1328), slots beyond a request's draft are
+  trimmed as ``ngram_gpu``'s are (``update_scheduler_for_invalid_drafts``), the drafts are
+  written into the runner's copy of the scheduler output (host input ids) and uploaded
+  in step t's row order as ``_draft_token_ids``, which ``_prepare_input_ids`` scatters
+  (gpu_model_runner.py:1866-1889). With no reserved slots (k = 0) nothing waits.
+- ``_update_states(t+1)``: each trimmed request's ``prev_num_draft_len`` back to the slots the
+  scheduler reserved, as vLLM does after its ``ngram_gpu`` trim (gpu_model_runner.py:1480-1484):
+  the scheduler advanced ``num_computed_tokens`` by all of them and the runner's correction
+  must undo the same count. The trims reach the scheduler's counters as ``ngram_gpu``'s do
+  (``NgramTrimReportMixin``'s ``specdec_trimmed_drafts``).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from specdec_plugin.spec_decode.suffix_lazy import LazySuffixDrafts
+
+_UNSET = object()
+
+
+def accepted_counts(sampled: torch.Tensor, discard: torch.Tensor, vocab_size: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of a rejection-sampler output: the last accepted token and how many were
+    accepted (0 for rows whose sample is discarded: a prompt chunk still prefilling), on the
+    device, without a host sync. Accepted tokens come first in each row, then -1."""
+    rows = sampled.shape[0]
+    valid = (sampled != -1) & (sampled < vocab_size) & ~discard[:rows].bool().unsqueeze(1)
+    counts = valid.sum(dim=1, dtype=torch.int32)
+    last = sampled.gather(1, (counts.long() - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    return torch.where(counts > 0, last, torch.zeros_like(last)), counts
+
+
+class SuffixAsyncMixin:
+    _suffix_state = _UNSET
+    _suffix_reserved: dict[str, int] | None = None  # this step's reserved slots per request
+    _suffix_step: list | None = None  # [k asked for the next step, proposer called]
+
+    def _lazy_suffix(self) -> LazySuffixDrafts | None:
+        if self._suffix_state is _UNSET:
+            spec = self.speculative_config
+            active = (spec is not None and spec.method == "suffix"
+                      and self.use_async_scheduling)
+            self._suffix_state = (LazySuffixDrafts(self.drafter, self.input_batch.vocab_size)
+                                  if active else None)
+        return self._suffix_state
+
+    def execute_model(self, scheduler_output, intermediate_tensors=None):
+        lazy = self._lazy_suffix()
+        if lazy is None:
+            return super().execute_model(scheduler_output, intermediate_tensors)
+        reserved = {req_id: len(slots)
+                    for req_id, slots in scheduler_output.scheduled_spec_decode_tokens.items()
+                    if slots}
+        self._suffix_reserved = reserved or None
+        self._specdec_trimmed = None
+        if not reserved:
+            lazy.drain(wait=False)  # index the steps whose copies have landed; never wait
+            return super().execute_model(scheduler_output, intermediate_tensors)
+        drafts = lazy.drafts(reserved)
+        scheduler_output = self._scheduled_with_drafts(scheduler_output, reserved, drafts)
+        self._upload_drafts(drafts)
+        return super().execute_model(scheduler_output, intermediate_tensors)
+
+    def _scheduled_with_drafts(self, scheduler_output, reserved, drafts):
+        """The runner's own copy of the scheduler output (the engine's object is the
+        scheduler's, in-process) with each request's draft in its reserved slots, trimmed to
+        the draft's length."""
+        spec = dict(scheduler_output.scheduled_spec_decode_tokens)
+        counts = dict(scheduler_output.num_scheduled_tokens)
+        total = scheduler_output.total_num_scheduled_tokens
+        trimmed = {}
+        for req_id, slots in reserved.items():
+            draft = drafts[req_id]
+            if len(draft) < slots:
+                trimmed[req_id] = slots - len(draft)
+                counts[req_id] -= trimmed[req_id]
+                total -= trimmed[req_id]
+            if draft:
+                spec[req_id] = list(draft)
+            else:
+                spec.pop(req_id, None)
+        self._specdec_trimmed = trimmed or None  # reported by NgramTrimReportMixin
+        return replace(scheduler_output, scheduled_spec_decode_tokens=spec,
+                       num_scheduled_tokens=counts, total_num_scheduled_tokens=total)
+
+    def _upload_drafts(self, drafts: dict[str, list[int]]) -> None:
+        """The drafts as ``_draft_token_ids`` ([previous step's rows, width], -1 where none),
+        the tensor ``_prepare_input_ids`` scatters; also left in ``draft_token_ids_cpu``, where
+        vLLM reads them for penalties (``_get_draft_token_ids_cpu``). Reusing that pinned buffer
+        is safe: its last upload fed a step whose sampled tokens ``drafts`` has waited for."""
+        width = max(map(len, drafts.values()), default=0)
+        prev = self.input_batch.prev_req_id_to_index or {}
+        if not width or not prev:
+            return
+        host = self.draft_token_ids_cpu
+        rows = max(prev.values()) + 1
+        view = host.numpy()  # the same pinned memory; numpy writes cost no tensor per row
+        view[:, :width] = -1  # every row: vLLM may read rows past the last request (prefills)
+        for req_id, draft in drafts.items():
+            row = prev.get(req_id)
+            if draft and row is not None:
+                view[row, :len(draft)] = draft
+        self._draft_token_ids = host[:rows, :width].to(self.device, non_blocking=True,
+                                                       copy=True)
+        self.prev_num_spec_tokens = width
+        if self.draft_token_ids_event is not None:
+            self.draft_token_ids_event.record()
+
+    def _update_states(self, scheduler_output, *args, **kwargs):
+        result = super()._update_states(scheduler_output, *args, **kwargs)
+        if self._lazy_suffix() is not None and self._suffix_reserved:
+            for req_id, slots in self._suffix_reserved.items():
+                state = self.requests.get(req_id)
+                if state is not None:
+                    state.prev_num_draft_len = slots
+        return result
+
+    def _bookkeeping_sync(self, scheduler_output, sampler_output, *args, **kwargs):
+        if self._lazy_suffix() is not None:
+            self._suffix_step = [scheduler_output.num_spec_tokens_to_schedule, False]
+            if self._suffix_reserved:
+                self._copy_valid_sampled_token_count(*accepted_counts(
+                    sampler_output.sampled_token_ids, self.discard_request_mask.gpu,
+                    self.input_batch.vocab_size))
+        return super()._bookkeeping_sync(scheduler_output, sampler_output, *args, **kwargs)
+
+    def propose_draft_token_ids(self, *args, **kwargs):
+        if self._lazy_suffix() is None:
+            return super().propose_draft_token_ids(*args, **kwargs)
+        if self._suffix_step is not None:
+            self._suffix_step[1] = True  # the batch fits: the next step may draft
+        # No drafts yet: an empty tensor rather than None, because vLLM reads this one back as
+        # a tensor when it copies drafts to the host for structured output or penalties
+        # (_copy_draft_token_ids_to_cpu, _get_draft_token_ids_cpu); a drafting step replaces it.
+        return torch.empty((self.input_batch.num_reqs, 0), dtype=torch.int32,
+                           device=self.device)
+
+    def sample_tokens(self, grammar_output):
+        lazy = self._lazy_suffix()
+        if lazy is None:
+            return super().sample_tokens(grammar_output)
+        self._suffix_step = None
+        output = super().sample_tokens(grammar_output)
+        step, self._suffix_step = self._suffix_step, None
+        inner = getattr(output, "_model_runner_output", None)
+        if step is not None and inner is not None:
+            k, fits = step
+            lazy.record(inner.req_ids, output.sampled_token_ids_cpu,
+                        output.async_copy_ready_event, set(output._invalid_req_indices),
+                        k if fits else 0, self._history_before_step)
+        return output
+
+    def _history_before_step(self, row: int, req_id: str) -> tuple[list[int], list[int]]:
+        """A request's prompt and output before the step just sampled (the request's state
+        ends with that step's placeholder, -1, and real tokens before it: the request is new,
+        or came back into the batch with its output restored, gpu_model_runner.py:1436-1440)."""
+        state = self.requests[req_id]
+        prompt = state.prompt_token_ids
+        if prompt is None:
+            prompt = self.input_batch.token_ids_cpu[row, :self.input_batch.num_prompt_tokens[row]]
+        output = [t for t in state.output_token_ids if t >= 0]
+        return list(prompt), output

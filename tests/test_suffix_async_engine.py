@@ -1,0 +1,167 @@
+"""Suffix decoding under async scheduling in a real engine (SmolLM2, fp32, CPU).
+
+The CPU device has no streams, so async scheduling is off there; ``SPECDEC_SUFFIX_ASYNC=force``
+keeps it on: vLLM's async scheduler and the runner's async speculative path run with our host
+stand-ins for streams and events (patches/cpu_streams.py), everything in program order. What
+this checks is the wiring (the lazy proposer's records, the drafts uploaded and scattered, the
+trims, the runner's corrections of ``num_computed_tokens``), not any overlap.
+
+A fixed pattern of draft lengths (tests/forced_draft_lengths.py, runs of k = 0 between drafting
+steps) on more requests than fit in a batch, so requests join, leave and are reordered:
+- greedy output equals plain decoding;
+- every draft equals the synchronous proposer's on the request's history at that step (the
+  global tree off, so each request's own tokens decide: checked against a fresh index);
+- drafts were made and accepted, and steps after k = 0 were indexed without waiting.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+
+import pytest
+
+from tests.prompts import SPEC_PROMPTS
+from tests.spec_configs import K
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = SPEC_PROMPTS[8:14]  # code edits, a repeated sentence, lists: suffixes recur
+MAX_TOKENS = [40, 24, 48, 32, 40, 28]  # requests finish at different steps
+MAX_MODEL_LEN = 1024
+SPEC = {"method": "suffix", "num_speculative_tokens": K,
+        "suffix_decoding_max_cached_requests": 0}
+
+
+# Run in the engine's worker (LLM.collective_rpc, in-process engine).
+def _record_drafts(worker):
+    runner = worker.model_runner
+    lazy = runner._lazy_suffix()
+    if lazy is None:
+        return None
+    apply = type(lazy)._apply
+    lazy.recorded = []
+
+    def recording(rec, reserved=None):
+        drafts = apply(lazy, rec, reserved)
+        for req_id, slots in (reserved or {}).items():
+            lazy.recorded.append((req_id, lazy._num_tokens.get(req_id), rec.k, slots,
+                                  drafts.get(req_id, [])))
+        return drafts
+
+    lazy._apply = recording
+    return type(lazy).__name__
+
+
+def _recorded(worker):
+    lazy = worker.model_runner._lazy_suffix()
+    return lazy.recorded, (lazy.applied_ready, lazy.waits, lazy.drafting_steps)
+
+
+@contextlib.contextmanager
+def _environ(**values: str):
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.fixture(scope="module")
+def async_run(smollm2_path):
+    from vllm import LLM, SamplingParams
+
+    # The engine in this process: every request is added before the first step.
+    with _environ(SPECDEC_SUFFIX_ASYNC="force", VLLM_ENABLE_V1_MULTIPROCESSING="0"):
+        llm = LLM(model=smollm2_path, dtype="float32", max_model_len=MAX_MODEL_LEN, seed=0,
+                  max_num_seqs=3, enable_prefix_caching=False, speculative_config=dict(SPEC),
+                  scheduler_cls="tests.forced_draft_lengths.ForcedDraftLengthAsyncScheduler")
+        try:
+            assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling
+            assert llm.collective_rpc(_record_drafts) == ["LazySuffixDrafts"]
+            params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+                      for n in MAX_TOKENS]
+            outs = llm.generate(PROMPTS, params)
+            [(recorded, counts)] = llm.collective_rpc(_recorded)
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
+    return outs, recorded, counts
+
+
+def test_greedy_output_equals_plain_decoding(async_run, engines, smollm2_path):
+    from vllm import SamplingParams
+
+    outs, _, _ = async_run
+    plain = engines.get(smollm2_path, enable_prefix_caching=False)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    want = [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
+    assert [list(o.outputs[0].token_ids) for o in outs] == want
+
+
+def test_drafts_are_the_synchronous_proposers(async_run):
+    from specdec_plugin.spec_decode.suffix_index import SuffixIndex
+
+    outs, recorded, (applied_ready, waits, drafting_steps) = async_run
+    # Engine request ids are "<counter>-<random>"; the counter names the request.
+    tokens = {o.request_id.split("-")[0]: list(o.prompt_token_ids) + list(o.outputs[0].token_ids)
+              for o in outs}
+    prompt_len = {o.request_id.split("-")[0]: len(o.prompt_token_ids) for o in outs}
+    print(f"{len(recorded)} request-drafts at {drafting_steps} drafting steps; {waits} waits, "
+          f"{applied_ready} steps indexed without waiting")
+    assert drafting_steps > 10 and applied_ready > 10, (drafting_steps, applied_ready)
+    drafted = accepted = 0
+    for req_id, num_tokens, k, slots, draft in recorded:
+        name = req_id.split("-")[0]
+        seq, n_prompt = tokens[name], prompt_len[name]
+        assert num_tokens is not None and n_prompt < num_tokens <= len(seq)
+        index = SuffixIndex(max_tree_depth=24, max_cached_requests=0)
+        index.start_request(name, seq[:n_prompt])
+        index.add_tokens(name, seq[n_prompt:num_tokens])
+        want = index.speculate(name, None, max_spec_tokens=min(k, MAX_MODEL_LEN - num_tokens - 1),
+                               max_spec_factor=1.0, min_token_prob=0.1).token_ids[:slots]
+        assert draft == want, (req_id, num_tokens, k, slots, draft, want)
+        drafted += bool(draft)
+        # Accepted: the draft continues the request's own output.
+        accepted += bool(draft) and seq[num_tokens:num_tokens + 1] == draft[:1]
+    assert drafted > 10 and accepted >= 2, (drafted, accepted)
+
+
+def test_adaptive_drafting_counts_only_the_drafts_made(engines, smollm2_path, monkeypatch):
+    """The adaptive scheduler under async scheduling (what users get): lossless, and the
+    counters it learns from count the drafts the proposer made, not the slots it reserved
+    (trimmed slots reach it as ``ngram_gpu``'s do)."""
+    from vllm import SamplingParams
+
+    from tests.engine_pool import counter_delta, counters
+
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    plain = engines.get(smollm2_path, enable_prefix_caching=False)
+    want = [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
+    # Read when the engine config is built here and by the engine process it starts; callables
+    # reach the worker only with insecure serialization.
+    monkeypatch.setenv("SPECDEC_SUFFIX_ASYNC", "force")
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    llm = engines.get(smollm2_path, metrics=True, adaptive=True, enable_prefix_caching=False,
+                      disable_log_stats=False, speculative_config=dict(SPEC))
+    config = llm.llm_engine.vllm_config
+    assert config.scheduler_config.async_scheduling
+    assert config.scheduler_config.scheduler_cls.endswith("AdaptiveAsyncScheduler")
+    assert llm.collective_rpc(_record_drafts) == ["LazySuffixDrafts"]
+    before = counters(llm)
+    got = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
+    delta = {name: counter_delta(before, counters(llm), name) for name in before}
+    [(recorded, _)] = llm.collective_rpc(_recorded)
+    assert got == want
+    made = [draft for *_, draft in recorded]
+    print("adaptive:", delta, f"{sum(map(bool, made))} drafts made of {len(made)} reserved")
+    assert delta["vllm:spec_decode_num_drafts"] > 0, delta
+    # A request's last draft may never be verified; trimmed slots are never counted.
+    assert delta["vllm:spec_decode_num_drafts"] <= sum(map(bool, made)), delta
+    assert delta["vllm:spec_decode_num_draft_tokens"] <= sum(map(len, made)), delta
