@@ -7,12 +7,11 @@ must be the same: the deferred passes write the same drafter KV as vLLM's per-st
 CPU kernels compute each row independently of the rows beside it)."""
 from __future__ import annotations
 
-import contextlib
 import gc
-import os
 
 import pytest
 
+from tests.environ import environ
 from tests.prompts import SPEC_PROMPTS
 from tests.spec_configs import K, spec_config
 
@@ -54,19 +53,6 @@ def _recorded(worker):
 _PROPOSERS = {"eagle3": "SpecDecEagleProposer", "draft_model": "SpecDecDraftModelProposer"}
 
 
-@contextlib.contextmanager
-def _environ(**values: str):
-    """These environment variables set for the block, then restored."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _run(smollm2_path, defer: bool, prefix_caching: bool, graphs: bool = False,
@@ -87,7 +73,7 @@ def _run(smollm2_path, defer: bool, prefix_caching: bool, graphs: bool = False,
     # The engine in this process: every request is added before the first step, so both
     # engines see the same batches (an engine process may start stepping after the first).
     try:
-        with _environ(SPECDEC_DEFER_DRAFTER_SYNC="1" if defer else "0",
+        with environ(SPECDEC_DEFER_DRAFTER_SYNC="1" if defer else "0",
                       VLLM_ENABLE_V1_MULTIPROCESSING="0"):
             llm = LLM(model=smollm2_path, dtype="float32", max_model_len=1024, seed=0,
                       max_num_seqs=3, enable_prefix_caching=prefix_caching,
@@ -185,7 +171,7 @@ def _second_turn_prefix_hits(smollm2_path: str, defer: bool) -> tuple[int, int, 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    with _environ(SPECDEC_DEFER_DRAFTER_SYNC="1" if defer else "0", SPECDEC_ADAPTIVE="1"):
+    with environ(SPECDEC_DEFER_DRAFTER_SYNC="1" if defer else "0", SPECDEC_ADAPTIVE="1"):
         llm = LLM(model=smollm2_path, dtype="float32", max_model_len=1024, seed=0,
                   enable_prefix_caching=True, disable_log_stats=False,
                   speculative_config=spec_config("eagle3", smollm2_path))

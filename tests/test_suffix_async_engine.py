@@ -15,12 +15,11 @@ steps) on more requests than fit in a batch, so requests join, leave and are reo
 """
 from __future__ import annotations
 
-import contextlib
 import gc
-import os
 
 import pytest
 
+from tests.environ import environ
 from tests.prompts import SPEC_PROMPTS
 from tests.spec_configs import K
 
@@ -58,18 +57,6 @@ def _recorded(worker):
     return lazy.recorded, (lazy.applied_ready, lazy.waits, lazy.drafting_steps)
 
 
-@contextlib.contextmanager
-def _environ(**values: str):
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +64,7 @@ def async_run(smollm2_path):
     from vllm import LLM, SamplingParams
 
     # The engine in this process: every request is added before the first step.
-    with _environ(SPECDEC_SUFFIX_ASYNC="force", VLLM_ENABLE_V1_MULTIPROCESSING="0"):
+    with environ(SPECDEC_SUFFIX_ASYNC="force", VLLM_ENABLE_V1_MULTIPROCESSING="0"):
         llm = LLM(model=smollm2_path, dtype="float32", max_model_len=MAX_MODEL_LEN, seed=0,
                   max_num_seqs=3, enable_prefix_caching=False, speculative_config=dict(SPEC),
                   scheduler_cls="tests.forced_draft_lengths.ForcedDraftLengthAsyncScheduler")

@@ -6,13 +6,12 @@ filler slots happen (prose prompts rarely match) and vLLM's draft counters count
 only."""
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 
 import pytest
 
 from specdec_plugin.adaptive.uniform_drafts import padded_draft
+from tests.environ import environ
 from tests.engine_pool import counter_delta, counters
 from tests.prompts import SPEC_PROMPTS
 from tests.spec_configs import K, spec_config
@@ -29,18 +28,6 @@ PROMPTS = SPEC_PROMPTS[6:12]
 MAX_TOKENS = 40
 
 
-@contextlib.contextmanager
-def _environ(**values: str):
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _greedy(llm):
@@ -58,7 +45,7 @@ def test_padded_steps_are_uniform_lossless_and_counted_as_real_drafts(engines, s
     baseline = _greedy(engines.get(smollm2_path, enable_prefix_caching=False))
     log = tmp_path / "schedule.jsonl"
     # The engine process reads both when it starts: set around its construction and use.
-    with _environ(SPECDEC_UNIFORM_DRAFTS="1", SPECDEC_TEST_SCHEDULE_LOG=str(log)):
+    with environ(SPECDEC_UNIFORM_DRAFTS="1", SPECDEC_TEST_SCHEDULE_LOG=str(log)):
         llm = engines.get(smollm2_path, metrics=True, enable_prefix_caching=False,
                           disable_log_stats=False, speculative_config=spec_config(method, ""),
                           scheduler_cls="tests.forced_draft_lengths.ForcedUniformDraftScheduler")
