@@ -24,11 +24,10 @@ Run on the device:
 """
 from __future__ import annotations
 
-import json
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+from tests.gpu.engine_jobs import count_equal, run_jobs, single_batch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -36,7 +35,6 @@ K = 3
 MAX_TOKENS = 64
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1,
          "prompt_lookup_max": 3}
-PARALLEL_ENGINES = int(os.environ.get("SPECDEC_GPU_PARALLEL", "6"))
 
 
 def _jobs(smollm2: str) -> dict[str, dict]:
@@ -66,31 +64,10 @@ def _jobs(smollm2: str) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def results():
-    from tests.engine_runner import run_in_subprocess
-
     from specdec_plugin.models import fetch_smollm2
 
-    jobs = _jobs(str(fetch_smollm2()))
-    log = os.environ.get("SPECDEC_GPU_LOG", "/tmp/specdec_gpu_ngram_device.log")
-    with ThreadPoolExecutor(PARALLEL_ENGINES) as pool:
-        futures = {name: pool.submit(run_in_subprocess, job, 1500, log)
-                   for name, job in jobs.items()}
-        out = {name: future.result() for name, future in futures.items()}
-    if os.environ.get("SPECDEC_GPU_REPORT"):
-        with open(os.environ["SPECDEC_GPU_REPORT"], "w") as f:
-            json.dump(out, f, indent=1)
-    return out
+    return run_jobs(_jobs(str(fetch_smollm2())), "/tmp/specdec_gpu_ngram_device.log")
 
-
-def _batch(results, name: str) -> dict:
-    result = results[name]
-    assert "error" not in result, f"{name}: {result.get('error')}"
-    [entry] = result["batches"].values()
-    return entry
-
-
-def _same(a: list, b: list) -> int:
-    return sum(x == y for x, y in zip(a, b))
 
 
 def test_ngram_runs_on_the_device_with_async_scheduling(results):
@@ -100,24 +77,24 @@ def test_ngram_runs_on_the_device_with_async_scheduling(results):
     # The host index keeps vLLM's synchronous scheduling: the device path is what changed it.
     assert results["float32/ngram-host"]["async_scheduling"] is False
     for name in ("float32/ngram-device", "bfloat16/ngram-device"):
-        assert _batch(results, name)["spec"]["accepted"] > 0, f"{name}: nothing accepted"
+        assert single_batch(results, name)["spec"]["accepted"] > 0, f"{name}: nothing accepted"
 
 
 @pytest.mark.parametrize("dtype,min_share", [("float32", None), ("bfloat16", 0.95)])
 def test_greedy_output_equals_no_speculation(results, dtype, min_share):
-    want = _batch(results, f"{dtype}/none")["token_ids"]
+    want = single_batch(results, f"{dtype}/none")["token_ids"]
     names = [f"{dtype}/ngram-device"] + (["float32/ngram-device-adaptive"]
                                          if dtype == "float32" else [])
     for name in names:
-        got = _batch(results, name)["token_ids"]
-        same = _same(got, want)
+        got = single_batch(results, name)["token_ids"]
+        same = count_equal(got, want)
         need = len(want) - 1 if min_share is None else min_share * len(want)
         assert same >= need, f"{name}: {same}/{len(want)} prompts equal no speculation"
 
 
 def test_device_drafts_get_the_host_index_acceptance(results):
-    device = _batch(results, "float32/ngram-device")
-    host = _batch(results, "float32/ngram-host")
+    device = single_batch(results, "float32/ngram-device")
+    host = single_batch(results, "float32/ngram-host")
     if device["token_ids"] != host["token_ids"]:
         pytest.skip("outputs differ (a near-tie), so the histories differ")
     # Expected equal; the margin only covers a last step that the scheduler cuts differently
@@ -135,7 +112,7 @@ def test_no_ngram_kernel_compiles_while_serving(results):
 
 
 def test_acceptance_length_matches_native_ngram_gpu(results):
-    ours = _batch(results, "bfloat16/ngram-device")
-    native = _batch(results, "native/bfloat16/ngram_gpu")
+    ours = single_batch(results, "bfloat16/ngram-device")
+    native = single_batch(results, "native/bfloat16/ngram_gpu")
     assert ours["acceptance_length"] == pytest.approx(native["acceptance_length"], rel=0.03), (
         f"ours {ours['acceptance_length']:.3f} vs native {native['acceptance_length']:.3f}")

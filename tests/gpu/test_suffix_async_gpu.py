@@ -20,18 +20,16 @@ Run on the device:
 """
 from __future__ import annotations
 
-import json
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+from tests.gpu.engine_jobs import count_equal, run_jobs, single_batch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 K = 4
 MAX_TOKENS = 64
 SUFFIX = {"method": "suffix", "num_speculative_tokens": K}
-PARALLEL_ENGINES = int(os.environ.get("SPECDEC_GPU_PARALLEL", "6"))
 
 
 def _jobs(smollm2: str) -> dict[str, dict]:
@@ -60,56 +58,35 @@ def _jobs(smollm2: str) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def results():
-    from tests.engine_runner import run_in_subprocess
-
     from specdec_plugin.models import fetch_smollm2
 
-    jobs = _jobs(str(fetch_smollm2()))
-    log = os.environ.get("SPECDEC_GPU_LOG", "/tmp/specdec_gpu_suffix_async.log")
-    with ThreadPoolExecutor(PARALLEL_ENGINES) as pool:
-        futures = {name: pool.submit(run_in_subprocess, job, 1500, log)
-                   for name, job in jobs.items()}
-        out = {name: future.result() for name, future in futures.items()}
-    if os.environ.get("SPECDEC_GPU_REPORT"):
-        with open(os.environ["SPECDEC_GPU_REPORT"], "w") as f:
-            json.dump(out, f, indent=1)
-    return out
+    return run_jobs(_jobs(str(fetch_smollm2())), "/tmp/specdec_gpu_suffix_async.log")
 
-
-def _batch(results, name: str) -> dict:
-    result = results[name]
-    assert "error" not in result, f"{name}: {result.get('error')} {result.get('stderr_tail')}"
-    [entry] = result["batches"].values()
-    return entry
-
-
-def _same(a: list, b: list) -> int:
-    return sum(x == y for x, y in zip(a, b))
 
 
 def test_the_variable_turns_async_scheduling_on_for_suffix(results):
     for name in ("float32/suffix-async", "bfloat16/suffix-async",
                  "float32/suffix-async-adaptive", "bfloat16/suffix-async-adaptive"):
-        _batch(results, name)
+        single_batch(results, name)
         assert results[name]["async_scheduling"] is True, name
     assert results["float32/suffix-sync"]["async_scheduling"] is False
     for name in ("float32/suffix-async", "bfloat16/suffix-async"):
-        assert _batch(results, name)["spec"]["accepted"] > 0, f"{name}: nothing accepted"
+        assert single_batch(results, name)["spec"]["accepted"] > 0, f"{name}: nothing accepted"
 
 
 @pytest.mark.parametrize("dtype,min_share", [("float32", None), ("bfloat16", 0.95)])
 def test_greedy_output_equals_no_speculation(results, dtype, min_share):
-    want = _batch(results, f"{dtype}/none")["token_ids"]
+    want = single_batch(results, f"{dtype}/none")["token_ids"]
     for name in (f"{dtype}/suffix-async", f"{dtype}/suffix-async-adaptive"):
-        got = _batch(results, name)["token_ids"]
-        same = _same(got, want)
+        got = single_batch(results, name)["token_ids"]
+        same = count_equal(got, want)
         need = len(want) - 1 if min_share is None else min_share * len(want)
         assert same >= need, f"{name}: {same}/{len(want)} prompts equal no speculation"
 
 
 def test_drafts_are_the_synchronous_proposers(results):
-    lazy = _batch(results, "float32/suffix-async")
-    sync = _batch(results, "float32/suffix-sync")
+    lazy = single_batch(results, "float32/suffix-async")
+    sync = single_batch(results, "float32/suffix-sync")
     if lazy["token_ids"] != sync["token_ids"]:
         pytest.skip("outputs differ (a near-tie), so the histories differ")
     print("async", lazy["spec"], "sync", sync["spec"])
