@@ -24,7 +24,6 @@ Run on the device:
 """
 from __future__ import annotations
 
-
 import pytest
 
 from tests.gpu.engine_jobs import count_equal, run_jobs, single_batch
