@@ -117,3 +117,36 @@ def test_changes_report_moves_beyond_the_threshold_once():
     _feed(cost, 16, 2, 1.0, 40)
     (k, before, now), = cost.changes(range(K + 1))
     assert k == 2 and before == pytest.approx(2.0) and now == pytest.approx(1.0, rel=0.02)
+
+
+def test_the_controller_chooses_with_the_corrected_costs(caplog):
+    from specdec_plugin.adaptive.controller import DraftLengthController
+
+    n = 16
+    req_ids = [f"r{i}" for i in range(n)]
+
+    def drive(controller, steps):
+        """Drafts land half the time at the first position, rarely deeper; every drafting step
+        takes twice what the table says, plain steps what it says."""
+        chosen = []
+        for step in range(steps):
+            k = controller.choose(req_ids)
+            chosen.append(k)
+            for i, req_id in enumerate(req_ids):
+                if k:
+                    controller.observe(req_id, k, min(k, 1 if (i + step) % 2 else 0))
+            factor = 2.0 if k else 1.0
+            controller.observe_step_time(n, k, factor * NGRAM_LIKE.step_time(n, k))
+        return chosen
+
+    learning = DraftLengthController(K, NGRAM_LIKE)
+    with caplog.at_level("INFO", logger="specdec_plugin.adaptive.controller"):
+        chosen = drive(learning, 200)
+    # Drafting first (the table and an optimistic prior), then off once its cost is seen.
+    assert chosen[0] > 0 and chosen[-50:].count(0) >= 45, chosen
+    assert learning.cost.factor(chosen[0]) == pytest.approx(2.0)
+    moved = [r.getMessage() for r in caplog.records if "start-up cost table" in r.getMessage()]
+    assert moved and all("2.00x" in m for m in moved), moved
+    # The table alone keeps drafting: acceptance 0.5 at the first position pays by it.
+    trusting = DraftLengthController(K, NGRAM_LIKE, learn_costs=False)
+    assert drive(trusting, 200)[-50:].count(0) == 0
