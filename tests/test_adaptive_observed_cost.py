@@ -60,11 +60,19 @@ def test_unobserved_lengths_borrow_from_the_nearest_drafting_length_else_from_pl
     assert cost.factor(4) == pytest.approx(2.0)
     assert cost.factor(3) == pytest.approx(2.0)  # nearest: 4
     assert cost.factor(2) == pytest.approx(3.0)  # nearest observed: 1 (4 is farther)
-    # k = 0 unobserved stays the table's, whatever drafting steps showed.
-    only_drafting = ObservedCost(NGRAM_LIKE)
-    _feed(only_drafting, 16, K, 2.0, MIN_OBS)
-    assert only_drafting.factor(0) == 1.0
-    assert only_drafting.factor(1) == pytest.approx(2.0)
+    # k = 0 unobserved: the table's where drafting was seen to cost more (the policy then
+    # picks 0 soon enough to observe it) ...
+    dearer = ObservedCost(NGRAM_LIKE)
+    _feed(dearer, 16, K, 2.0, MIN_OBS)
+    assert dearer.factor(0) == 1.0
+    assert dearer.factor(1) == pytest.approx(2.0)
+    # ... and the drafting factor where it was seen to cost less: the table is off in scale
+    # (the fallback table's units, host load at start-up), and an unknown must not make
+    # drafting look better than the table says.
+    cheaper = ObservedCost(NGRAM_LIKE)
+    _feed(cheaper, 16, K, 0.6, MIN_OBS)
+    _feed(cheaper, 16, 2, 0.7, MIN_OBS)
+    assert cheaper.factor(0) == pytest.approx(0.7)  # the shortest observed drafting length's
 
 
 def test_factors_are_clamped_and_stalls_are_dropped():
@@ -102,6 +110,14 @@ def test_drafting_observed_at_twice_the_table_turns_drafting_off():
         _feed(loaded, n, k, 2.0, MIN_OBS)
     assert (choose_draft_length(rates, loaded, range(K + 1)).k
             == choose_draft_length(rates, NGRAM_LIKE, range(K + 1)).k)
+    # Drafting steps faster than the table (a table timed under load) with no plain step seen:
+    # no tilt toward drafting, for acceptance where the table says not to draft (a plain step
+    # at the table's time against drafting at half of it would draft).
+    poor = np.tile([0.02, 0.0, 0.0, 0.0], (n, 1))
+    fast = ObservedCost(NGRAM_LIKE)
+    _feed(fast, n, K, 0.5, MIN_OBS)
+    assert choose_draft_length(poor, NGRAM_LIKE, range(K + 1)).k == 0
+    assert choose_draft_length(poor, fast, range(K + 1)).k == 0
 
 
 def test_changes_report_moves_beyond_the_threshold_once():

@@ -25,10 +25,15 @@ others right:
   believing what the first one showed. Where no drafting length has been observed (the engine
   has only run plain steps), k = 0's factor: host load seen on plain steps carries over, and
   drafting is neither favoured nor penalised.
-- k = 0 not observed yet: factor 1, the table is trusted until a plain step contradicts it.
-  Not a drafting length's factor: the gap between drafting and plain steps is exactly what the
-  correction must learn, and plain steps happen whenever the policy picks 0 (which it does as
-  soon as drafting looks too expensive), so the table's k = 0 stands only until then.
+- k = 0 not observed yet: the table's plain step (factor 1) where drafting was seen to cost
+  more than the table says, and the shortest observed drafting length's factor where it was
+  seen to cost less. Not simply a drafting length's factor: the gap between drafting and plain
+  steps is exactly what the correction must learn, and a plain step is observed as soon as
+  drafting looks too expensive for the policy to pick it, so a dearer drafting step settles the
+  question within a few steps. A cheaper one would not (the policy then keeps drafting and
+  never runs the plain step that would tell), so it is read as the whole table being off in
+  scale (measured under host load, or the fallback table's arbitrary units), which tilts
+  nothing. An unknown is never allowed to make drafting look better than the table says.
 - Factors are clamped to [``min_factor``, ``max_factor``]: a correction, not a new model. An
   observation whose ratio is beyond ``discard_ratio`` is not a step's cost (an idle gap the
   scheduler could not see, a stall): it is dropped.
@@ -100,14 +105,14 @@ class ObservedCost:
     def factor(self, k: int) -> float:
         if self.learned(k):
             return self._own_factor(k)
-        if k > 0:
-            drafting = [j for j in self.observations if j > 0 and self.learned(j)]
-            if drafting:
-                # Nearest; between two as near, the shorter (deterministic).
-                nearest = min(drafting, key=lambda j: (abs(j - k), j))
-                return self._own_factor(nearest)
-            if self.learned(0):
-                return self._own_factor(0)
+        drafting = [j for j in self.observations if j > 0 and self.learned(j)]
+        if k == 0:
+            return min(1.0, self._own_factor(min(drafting))) if drafting else 1.0
+        if drafting:
+            # Nearest; between two as near, the shorter (deterministic).
+            return self._own_factor(min(drafting, key=lambda j: (abs(j - k), j)))
+        if self.learned(0):
+            return self._own_factor(0)
         return 1.0
 
     def step_time(self, num_reqs: int, k: int) -> float:
