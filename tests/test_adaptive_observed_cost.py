@@ -166,3 +166,17 @@ def test_the_controller_chooses_with_the_corrected_costs(caplog):
     # The table alone keeps drafting: acceptance 0.5 at the first position pays by it.
     trusting = DraftLengthController(K, NGRAM_LIKE, learn_costs=False)
     assert drive(trusting, 200)[-50:].count(0) == 0
+
+
+def test_the_switch(monkeypatch):
+    from specdec_plugin import envs
+    from specdec_plugin.adaptive.controller import DraftLengthController
+
+    monkeypatch.delenv("SPECDEC_ADAPTIVE_OBSERVED_COST", raising=False)
+    assert envs.adaptive_observed_cost()
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "0")
+    assert not envs.adaptive_observed_cost()
+    # Off: the policy reads the table itself, and step times change nothing.
+    controller = DraftLengthController(K, NGRAM_LIKE, learn_costs=False)
+    controller.observe_step_time(16, K, 10.0)
+    assert controller.cost is NGRAM_LIKE and controller.observed_cost is None

@@ -68,8 +68,8 @@ class DraftLengthController:
         for length, before, now in self.observed_cost.changes(self.allowed):
             logger.info(
                 "specdec_plugin: adaptive drafting: steps verifying %d draft tokens take %.2fx "
-                "the start-up cost table's time (was %.2fx; %d steps observed at batch %d: "
-                "%.2f ms); draft lengths are chosen with this correction",
+                "the start-up cost table's time (was %.2fx; %d such steps seen, the last at "
+                "batch %d in %.2f ms); draft lengths are chosen with this correction",
                 length, now, before, self.observed_cost.observations[length], num_reqs,
                 seconds * 1e3)
 
