@@ -21,6 +21,10 @@
 - ``SPECDEC_ADAPTIVE=0``: draft K tokens every step, as vLLM does, instead of letting the
   adaptive controller choose 0..K per step from observed acceptance and measured step costs
   (default on; a user-given ``num_speculative_tokens_per_batch_size`` also turns it off).
+- ``SPECDEC_ADAPTIVE_OBSERVED_COST=1``: the adaptive controller corrects the step costs measured
+  at engine start, per draft length, by the step times it observes while serving
+  (adaptive/observed_cost.py). Default off until measured side by side (session 14: built and
+  tested on the CPU, not yet run on a GPU).
 - ``SPECDEC_NGRAM_ON_DEVICE=0|1``: where method "ngram" matches: ``1`` on the device (our
   ``ngram_match`` kernel over device-resident token histories, vLLM's ``ngram_gpu`` path, with
   async scheduling where the device has it), ``0`` on the host (our C++ index). Default: the
@@ -105,6 +109,11 @@ def model_cache_dir() -> str | None:
 
 def adaptive_drafting() -> bool:
     return os.environ.get("SPECDEC_ADAPTIVE", "1").strip().lower() in _TRUE
+
+
+def adaptive_observed_cost() -> bool:
+    # Opt-in until measured (adaptive/observed_cost.py).
+    return os.environ.get("SPECDEC_ADAPTIVE_OBSERVED_COST", "0").strip().lower() in _TRUE
 
 
 def ngram_on_device() -> bool | None:

@@ -74,3 +74,37 @@ def test_controller_drafts_k_when_every_draft_lands(engines, smollm2_path):
     assert delta["vllm:spec_decode_num_draft_tokens"] >= (K - 0.5) * drafts, delta
     # Each request: one prefill step, then steps of K+1 tokens.
     assert drafts >= len(PROMPTS) * ((MAX_TOKENS - 1) // (K + 1) - 1), delta
+
+
+def test_step_times_reach_the_controller(smollm2_path, monkeypatch):
+    # The engine in this process, to read its scheduler's controller; n-gram on the host index
+    # (synchronous scheduling on the CPU). The wiring of adaptive/step_timing.py: which steps
+    # are timed and charged to which length is tested without an engine
+    # (test_adaptive_step_timing.py).
+    from vllm import LLM
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("SPECDEC_ADAPTIVE", "1")
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "1")
+    llm = LLM(model=smollm2_path, dtype="float32", max_model_len=1024, seed=0,
+              enable_prefix_caching=False, speculative_config=spec_config("ngram", smollm2_path))
+    try:
+        controller = llm.llm_engine.engine_core.engine_core.scheduler.draft_controller
+        seen = []
+        observe = controller.observe_step_time
+
+        def record(n, k, seconds):
+            seen.append((n, k, seconds))
+            observe(n, k, seconds)
+
+        controller.observe_step_time = record
+        _greedy(llm)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    steps = sum(controller.choices.values())
+    # All but the steps with a prefill, or next to one, or preparing a longer draft than
+    # they verify.
+    assert len(seen) >= 0.5 * steps, (len(seen), steps, dict(controller.choices))
+    assert any(k > 0 for _, k, _ in seen) and all(0 <= k <= K for _, k, _ in seen), seen
+    assert all(1 <= n <= len(PROMPTS) and 0 < s < 60 for n, _, s in seen), seen
+    assert 0 < sum(controller.observed_cost.observations.values()) <= len(seen)

@@ -4,6 +4,10 @@ The pieces, in the order data flows through them:
 
 - ``cost_model.py``: how long an engine step takes at each batch size and draft length,
   interpolated from forward passes timed on the device at engine start (``measure.py``).
+- ``step_timing.py``: what each pure decode step really took, from the times the scheduler
+  handled it, charged to the draft length it verified.
+- ``observed_cost.py``: the cost table times a per-length factor learned from those step times,
+  for when the start-up timings miss what serving steps cost.
 - ``acceptance.py``: per-position acceptance rates observed so far, per request and for the
   whole engine, decayed every step so that old evidence fades.
 - ``policy.py``: the decision itself, a pure function (acceptance and costs in, draft length

@@ -9,6 +9,11 @@ would land again. Every ``probe_every`` plain steps the controller drafts one to
 request anyway; each probe after which the policy still says 0 doubles the interval (up to
 ``max_probe_every``), so that a workload where drafting never pays spends at most a probe's
 cost every few hundred steps; drafting again resets it.
+
+Costs: the start-up cost table, corrected by the step times the scheduler observes
+(``observe_step_time``, ``observed_cost.py``) unless ``learn_costs`` is off
+(``SPECDEC_ADAPTIVE_OBSERVED_COST=0``). A probe's verifying step is an observation of its length,
+so probes also tell what drafting costs while the controller is off.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from typing import Sequence
 
 from specdec_plugin.adaptive.acceptance import AcceptanceSettings, AcceptanceTracker
 from specdec_plugin.adaptive.cost_model import CostTable
+from specdec_plugin.adaptive.observed_cost import ObservedCost
 from specdec_plugin.adaptive.policy import choose_draft_length
 from specdec_plugin.log import init_logger
 
@@ -29,9 +35,12 @@ PROBE_LENGTH = 1
 
 class DraftLengthController:
     def __init__(self, max_k: int, cost: CostTable, allowed: Sequence[int] | None = None,
-                 settings: AcceptanceSettings | None = None):
+                 settings: AcceptanceSettings | None = None, learn_costs: bool = True):
         self.max_k = max_k
-        self.cost = cost
+        self.table = cost
+        self.observed_cost = ObservedCost(cost) if learn_costs else None
+        # What the policy reads: the table, corrected where steps were observed.
+        self.cost = self.observed_cost if self.observed_cost is not None else cost
         self.allowed = tuple(sorted(set(allowed))) if allowed is not None else tuple(range(max_k + 1))
         self.tracker = AcceptanceTracker(settings or AcceptanceSettings(max_k=max_k))
         self.last_k: int | None = None
@@ -49,6 +58,20 @@ class DraftLengthController:
     def forget(self, req_id: str) -> None:
         self.tracker.forget(req_id)
 
+    def observe_step_time(self, num_reqs: int, k: int, seconds: float) -> None:
+        """A pure decode step of ``num_reqs`` requests that verified ``k`` drafts took
+        ``seconds`` (``step_timing.py``)."""
+        if self.observed_cost is None:
+            return
+        self.observed_cost.observe(num_reqs, k, seconds)
+        # Once per significant move, not every step.
+        for length, before, now in self.observed_cost.changes(self.allowed):
+            logger.info(
+                "specdec_plugin: adaptive drafting: steps verifying %d draft tokens take %.2fx "
+                "the start-up cost table's time (was %.2fx; %d such steps seen, the last at "
+                "batch %d in %.2f ms); draft lengths are chosen with this correction",
+                length, now, before, self.observed_cost.observations[length], num_reqs,
+                seconds * 1e3)
 
     def choose(self, req_ids: Sequence[str]) -> int:
         self.tracker.end_step()

@@ -7,17 +7,25 @@ We put the controller in that table's seat: ``dynamic_sd_lookup[num_reqs]`` asks
 controller. A non-None lookup also turns off vLLM's padding of new decode requests to 1+K
 tokens, which would be wrong when the step drafts fewer.
 
+The scheduler also times each step (``step_timing.py``: when it starts building a step, when
+the step's result arrives and when it has been handled) and feeds the pure decode steps' times
+to the controller, which corrects its cost table with them (``observed_cost.py``).
+
 The class is chosen through vLLM's ``scheduler_cls`` setting (``config.py``), with vLLM's
 async scheduler as base where async scheduling is on.
 """
 from __future__ import annotations
 
+import time
+
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from specdec_plugin import envs
 from specdec_plugin.adaptive.controller import DraftLengthController
 from specdec_plugin.adaptive.cost_model import CostTable, fallback_table
 from specdec_plugin.adaptive.handoff import read_cost_table
+from specdec_plugin.adaptive.step_timing import StepTimer
 from specdec_plugin.adaptive.uniform_drafts import UniformDraftsMixin
 from specdec_plugin.log import init_logger
 from specdec_plugin.spec_decode.deferred_sync import tail_block_ids, uncache_window
@@ -55,18 +63,33 @@ class AdaptiveSchedulerMixin:
         spec = self.vllm_config.speculative_config
         has_drafter_model = spec.use_eagle() or spec.uses_draft_model()
         cost = load_cost_table(self.vllm_config, has_drafter_model)
-        self.draft_controller = DraftLengthController(self.num_spec_tokens, cost)
+        learn_costs = envs.adaptive_observed_cost()
+        self.draft_controller = DraftLengthController(self.num_spec_tokens, cost,
+                                                      learn_costs=learn_costs)
         self.dynamic_sd_lookup = _AskController(self)
+        self._step_timer = StepTimer(cost.step_time) if learn_costs else None
         # Deferred drafter KV sync with prefix caching (spec_decode/deferred_sync.py).
         self._uncache_window = uncache_window(self.vllm_config)
-        logger.info("specdec_plugin: adaptive drafting on (K=%d, lengths %s, %s step costs); "
+        logger.info("specdec_plugin: adaptive drafting on (K=%d, lengths %s, %s step costs%s); "
                     "SPECDEC_ADAPTIVE=0 turns it off", self.num_spec_tokens,
-                    list(self.draft_controller.allowed), cost.source)
+                    list(self.draft_controller.allowed), cost.source,
+                    ", corrected by observed step times" if learn_costs else "")
 
     def choose_draft_length(self) -> int:
         return self.draft_controller.choose([req.request_id for req in self.running])
 
+    def schedule(self, *args, **kwargs):
+        started = time.perf_counter()
+        scheduler_output = super().schedule(*args, **kwargs)
+        if self._step_timer is not None:
+            self._step_timer.scheduled(scheduler_output, started)
+        return scheduler_output
+
     def update_from_output(self, scheduler_output, model_runner_output):
+        # First: the moment the step's result is here is the end of its interval.
+        step_time = None
+        if self._step_timer is not None:
+            step_time = self._step_timer.output(scheduler_output, time.perf_counter())
         # Device n-gram (method ngram_gpu): draft slots the runner trimmed because the match
         # drafted fewer count as vLLM's invalid spec tokens, as if never drafted, which is what
         # the host index reports (spec_decode/ngram_device.py, NgramTrimReportMixin).
@@ -82,9 +105,15 @@ class AdaptiveSchedulerMixin:
                     invalid[req_id] = invalid.get(req_id, 0) + n
                 scheduler_output.num_invalid_spec_tokens = invalid
         try:
-            return super().update_from_output(scheduler_output, model_runner_output)
+            outputs = super().update_from_output(scheduler_output, model_runner_output)
         finally:
             self._runner_filler = {}
+        if self._step_timer is not None:
+            self._step_timer.output_done(time.perf_counter())
+        if step_time is not None:
+            self.draft_controller.observe_step_time(step_time.num_reqs, step_time.k,
+                                                    step_time.seconds)
+        return outputs
 
     def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                                  num_invalid_spec_tokens, request_id):

@@ -1,0 +1,135 @@
+"""The start-up cost table, corrected by the step times the engine observes.
+
+Why: ``cost_model.py`` predicts a step's time from forward passes timed at engine start, and
+those timings can be wrong about what a serving step really costs. On an H100 (issue 11's
+real-prompt run) a speculative step whose requests drafted different numbers of tokens was not
+a "uniform decode" batch for vLLM, so it ran piecewise graphs with attention eager and cost
+about twice a plain step, while the table, timed on uniform full-graph steps, said 1.1x: the
+controller kept drafting and adaptive n-gram ran 1.8x slower than plain decoding. On the CPU,
+load from other processes moves step times the same way.
+
+How: for each draft length k, the ratio observed/predicted of the steps that verified k drafts
+(``observe``), averaged with exponentially fading weights (``decay`` per observation of that
+length), in log space so that one slow step (a page fault, a first-time kernel compilation)
+and one fast one weigh the same. ``step_time(n, k)`` is the table's prediction times that
+length's factor. Only ratios between lengths change a decision (``policy.py`` compares
+tokens per second across k), so what matters is getting each length's factor relative to the
+others right:
+
+- A length needs ``min_observations`` before its own factor is used: one step's time is noisy.
+- A drafting length not observed yet borrows from the nearest observed drafting length. The
+  surprise this corrects is mostly a property of drafting at all (a batch that is not a uniform
+  decode, the proposer's and rejection sampler's host work), not of how many tokens are drafted;
+  borrowing k = 0's factor instead would make every unobserved length look cheaper than the
+  observed one, and the controller would walk through every length, paying for each, before
+  believing what the first one showed. Where no drafting length has been observed (the engine
+  has only run plain steps), k = 0's factor: host load seen on plain steps carries over, and
+  drafting is neither favoured nor penalised.
+- k = 0 not observed yet: the table's plain step (factor 1) where drafting was seen to cost
+  more than the table says, and the shortest observed drafting length's factor where it was
+  seen to cost less. Not simply a drafting length's factor: the gap between drafting and plain
+  steps is exactly what the correction must learn, and a plain step is observed as soon as
+  drafting looks too expensive for the policy to pick it, so a dearer drafting step settles the
+  question within a few steps. A cheaper one would not (the policy then keeps drafting and
+  never runs the plain step that would tell), so it is read as the whole table being off in
+  scale (measured under host load, or the fallback table's arbitrary units), which tilts
+  nothing. An unknown is never allowed to make drafting look better than the table says.
+- Factors are clamped to [``min_factor``, ``max_factor``]: a correction, not a new model. An
+  observation whose ratio is beyond ``discard_ratio`` is not a step's cost (an idle gap the
+  scheduler could not see, a stall): it is dropped.
+- Evidence of a length fades only when that length is observed again, so a length visited
+  rarely (the controller's one-token probes while it is off) keeps what its last visits showed.
+
+One factor per length, not per (batch size, length): the batch size moves slowly in serving and
+the fading average follows it; lengths are few and each is visited often enough to learn.
+
+Pure: no clock, no logging. ``changes`` reports the factors that moved by more than a fraction
+since last reported, for the controller to log.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from specdec_plugin.adaptive.policy import StepCost
+
+
+@dataclass(frozen=True)
+class ObservedCostSettings:
+    # Weight of the older evidence of a length at each new observation of it: 0.9 weighs about
+    # the last 10 steps of that length.
+    decay: float = 0.9
+    min_observations: int = 8
+    min_factor: float = 0.5
+    max_factor: float = 5.0
+    # An observed/predicted ratio above this is not a step's cost: dropped.
+    discard_ratio: float = 10.0
+
+
+class ObservedCost:
+    """A ``StepCost`` (policy.py): ``table``'s prediction times a learned factor per length."""
+
+    def __init__(self, table: StepCost, settings: ObservedCostSettings | None = None):
+        self.table = table
+        self.settings = settings or ObservedCostSettings()
+        # Per length: faded sum of log ratios, faded weight, and the number of observations.
+        self._log_sum: dict[int, float] = {}
+        self._weight: dict[int, float] = {}
+        self.observations: dict[int, int] = {}
+        # The factor last reported by ``changes``, per length (1.0: the table).
+        self._reported: dict[int, float] = {}
+
+    def observe(self, num_reqs: int, k: int, seconds: float) -> bool:
+        """A step of ``num_reqs`` requests that verified ``k`` drafts each took ``seconds``.
+        Returns whether it was used (False: a ratio beyond ``discard_ratio``, or no time)."""
+        predicted = self.table.step_time(num_reqs, k)
+        if seconds <= 0 or predicted <= 0:
+            return False
+        ratio = seconds / predicted
+        if ratio > self.settings.discard_ratio:
+            return False
+        decay = self.settings.decay
+        self._log_sum[k] = self._log_sum.get(k, 0.0) * decay + math.log(ratio)
+        self._weight[k] = self._weight.get(k, 0.0) * decay + 1.0
+        self.observations[k] = self.observations.get(k, 0) + 1
+        return True
+
+    def learned(self, k: int) -> bool:
+        return self.observations.get(k, 0) >= self.settings.min_observations
+
+    def _own_factor(self, k: int) -> float:
+        s = self.settings
+        factor = math.exp(self._log_sum[k] / self._weight[k])
+        return min(max(factor, s.min_factor), s.max_factor)
+
+    def factor(self, k: int) -> float:
+        if self.learned(k):
+            return self._own_factor(k)
+        drafting = [j for j in self.observations if j > 0 and self.learned(j)]
+        if k == 0:
+            return min(1.0, self._own_factor(min(drafting))) if drafting else 1.0
+        if drafting:
+            # Nearest; between two as near, the shorter (deterministic).
+            return self._own_factor(min(drafting, key=lambda j: (abs(j - k), j)))
+        if self.learned(0):
+            return self._own_factor(0)
+        return 1.0
+
+    def step_time(self, num_reqs: int, k: int) -> float:
+        return self.table.step_time(num_reqs, k) * self.factor(k)
+
+    def changes(self, lengths, threshold: float = 0.25) -> list[tuple[int, float, float]]:
+        """(k, factor last reported, factor now) for each of ``lengths`` whose own learned
+        factor moved by more than ``threshold`` (relative) since it was last reported; those
+        become the reported factors. Borrowed factors are not reported: they follow a length
+        that is."""
+        moved = []
+        for k in lengths:
+            if not self.learned(k):
+                continue
+            now = self._own_factor(k)
+            before = self._reported.get(k, 1.0)
+            if abs(now - before) > threshold * before:
+                self._reported[k] = now
+                moved.append((k, before, now))
+        return moved

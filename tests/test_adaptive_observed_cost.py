@@ -1,0 +1,184 @@
+"""The cost table corrected by observed step times (specdec_plugin/adaptive/observed_cost.py):
+deterministic, no engine."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec_plugin.adaptive.cost_model import CostTable
+from specdec_plugin.adaptive.observed_cost import ObservedCost, ObservedCostSettings
+from specdec_plugin.adaptive.policy import choose_draft_length
+
+K = 4
+# n-gram on a memory-bound GPU (as in test_adaptive_policy.py): drafting looks nearly free.
+NGRAM_LIKE = CostTable((1, 64, 256, 1024), (6.0e-3, 6.3e-3, 9.0e-3, 30.0e-3))
+MIN_OBS = ObservedCostSettings().min_observations
+
+
+def _feed(cost: ObservedCost, n: int, k: int, factor: float, steps: int) -> None:
+    for _ in range(steps):
+        assert cost.observe(n, k, factor * NGRAM_LIKE.step_time(n, k))
+
+
+def test_without_observations_the_table_stands():
+    cost = ObservedCost(NGRAM_LIKE)
+    for n in (1, 16, 300):
+        for k in range(K + 1):
+            assert cost.step_time(n, k) == NGRAM_LIKE.step_time(n, k)
+
+
+def test_a_factor_is_applied_only_after_enough_observations_and_converges():
+    cost = ObservedCost(NGRAM_LIKE)
+    _feed(cost, 16, 2, 2.0, MIN_OBS - 1)
+    assert cost.factor(2) == 1.0
+    _feed(cost, 16, 2, 2.0, 1)
+    assert cost.factor(2) == pytest.approx(2.0)
+    # The cost moves (host load goes away): the fading average follows within a few dozen steps.
+    _feed(cost, 16, 2, 1.2, 60)
+    assert cost.factor(2) == pytest.approx(1.2, rel=0.01)
+    # The factor is per length, whatever the batch size it was learned at.
+    assert cost.step_time(64, 2) == pytest.approx(1.2 * NGRAM_LIKE.step_time(64, 2), rel=0.01)
+
+
+def test_noise_averages_out_in_log_space():
+    cost = ObservedCost(NGRAM_LIKE)
+    for i in range(200):
+        ratio = 1.5 * (1.25 if i % 2 else 0.8)  # geometric mean 1.5
+        cost.observe(8, 1, ratio * NGRAM_LIKE.step_time(8, 1))
+    assert cost.factor(1) == pytest.approx(1.5, rel=0.02)
+
+
+def test_unobserved_lengths_borrow_from_the_nearest_drafting_length_else_from_plain_steps():
+    cost = ObservedCost(NGRAM_LIKE)
+    _feed(cost, 16, 0, 1.3, MIN_OBS)
+    # Only plain steps seen (e.g. host load): drafting lengths borrow k = 0's factor, so
+    # drafting is neither favoured nor penalised.
+    assert [cost.factor(k) for k in range(K + 1)] == pytest.approx([1.3] * (K + 1))
+    _feed(cost, 16, 4, 2.0, MIN_OBS)
+    _feed(cost, 16, 1, 3.0, MIN_OBS)
+    assert cost.factor(0) == pytest.approx(1.3)
+    assert cost.factor(4) == pytest.approx(2.0)
+    assert cost.factor(3) == pytest.approx(2.0)  # nearest: 4
+    assert cost.factor(2) == pytest.approx(3.0)  # nearest observed: 1 (4 is farther)
+    # k = 0 unobserved: the table's where drafting was seen to cost more (the policy then
+    # picks 0 soon enough to observe it) ...
+    dearer = ObservedCost(NGRAM_LIKE)
+    _feed(dearer, 16, K, 2.0, MIN_OBS)
+    assert dearer.factor(0) == 1.0
+    assert dearer.factor(1) == pytest.approx(2.0)
+    # ... and the drafting factor where it was seen to cost less: the table is off in scale
+    # (the fallback table's units, host load at start-up), and an unknown must not make
+    # drafting look better than the table says.
+    cheaper = ObservedCost(NGRAM_LIKE)
+    _feed(cheaper, 16, K, 0.6, MIN_OBS)
+    _feed(cheaper, 16, 2, 0.7, MIN_OBS)
+    assert cheaper.factor(0) == pytest.approx(0.7)  # the shortest observed drafting length's
+
+
+def test_factors_are_clamped_and_stalls_are_dropped():
+    s = ObservedCostSettings()
+    cost = ObservedCost(NGRAM_LIKE)
+    _feed(cost, 4, 3, 8.0, MIN_OBS)  # under discard_ratio: used, but clamped
+    assert cost.factor(3) == s.max_factor
+    _feed(cost, 4, 0, 0.1, MIN_OBS)
+    assert cost.factor(0) == s.min_factor
+    # A ratio past discard_ratio (an idle gap, a stall) is not evidence.
+    fresh = ObservedCost(NGRAM_LIKE)
+    assert not fresh.observe(4, 2, 50 * NGRAM_LIKE.step_time(4, 2))
+    assert not fresh.observe(4, 2, 0.0)
+    assert fresh.observations == {}
+
+
+def test_drafting_observed_at_twice_the_table_turns_drafting_off():
+    # Prose with n-gram: drafts sometimes land. By the table, drafting pays; the engine then
+    # observes that drafting steps cost 2x what the table says (vLLM runs them with piecewise
+    # graphs), plain steps what it says.
+    n = 16
+    rates = np.tile([0.5, 0.3, 0.2, 0.1], (n, 1))
+    cost = ObservedCost(NGRAM_LIKE)
+    assert choose_draft_length(rates, cost, range(K + 1)).k > 0
+    _feed(cost, n, K, 2.0, MIN_OBS)
+    # Drafting lengths never run borrow K's factor: no walk through 3, 2, 1 first.
+    assert choose_draft_length(rates, cost, range(K + 1)).k == 0
+    _feed(cost, n, 0, 1.0, MIN_OBS)
+    assert choose_draft_length(rates, cost, range(K + 1)).k == 0
+    # Drafts that land often still pay at twice the cost.
+    assert choose_draft_length(np.tile([0.9, 0.9, 0.9, 0.9], (n, 1)), cost, range(K + 1)).k == K
+    # Host load that slows every step alike changes no decision.
+    loaded = ObservedCost(NGRAM_LIKE)
+    for k in range(K + 1):
+        _feed(loaded, n, k, 2.0, MIN_OBS)
+    assert (choose_draft_length(rates, loaded, range(K + 1)).k
+            == choose_draft_length(rates, NGRAM_LIKE, range(K + 1)).k)
+    # Drafting steps faster than the table (a table timed under load) with no plain step seen:
+    # no tilt toward drafting, for acceptance where the table says not to draft (a plain step
+    # at the table's time against drafting at half of it would draft).
+    poor = np.tile([0.02, 0.0, 0.0, 0.0], (n, 1))
+    fast = ObservedCost(NGRAM_LIKE)
+    _feed(fast, n, K, 0.5, MIN_OBS)
+    assert choose_draft_length(poor, NGRAM_LIKE, range(K + 1)).k == 0
+    assert choose_draft_length(poor, fast, range(K + 1)).k == 0
+
+
+def test_changes_report_moves_beyond_the_threshold_once():
+    cost = ObservedCost(NGRAM_LIKE)
+    _feed(cost, 16, 0, 1.1, MIN_OBS)
+    _feed(cost, 16, 2, 2.0, MIN_OBS)
+    moved = cost.changes(range(K + 1))
+    assert [(k, before) for k, before, _ in moved] == [(2, 1.0)]
+    assert moved[0][2] == pytest.approx(2.0)
+    assert cost.changes(range(K + 1)) == []  # reported once
+    _feed(cost, 16, 2, 2.2, 3)  # moves less than 25%: quiet
+    assert cost.changes(range(K + 1)) == []
+    _feed(cost, 16, 2, 1.0, 40)
+    (k, before, now), = cost.changes(range(K + 1))
+    assert k == 2 and before == pytest.approx(2.0) and now == pytest.approx(1.0, rel=0.02)
+
+
+def test_the_controller_chooses_with_the_corrected_costs(caplog):
+    from specdec_plugin.adaptive.controller import DraftLengthController
+
+    n = 16
+    req_ids = [f"r{i}" for i in range(n)]
+
+    def drive(controller, steps):
+        """Drafts land half the time at the first position, rarely deeper; every drafting step
+        takes twice what the table says, plain steps what it says."""
+        chosen = []
+        for step in range(steps):
+            k = controller.choose(req_ids)
+            chosen.append(k)
+            for i, req_id in enumerate(req_ids):
+                if k:
+                    controller.observe(req_id, k, min(k, 1 if (i + step) % 2 else 0))
+            factor = 2.0 if k else 1.0
+            controller.observe_step_time(n, k, factor * NGRAM_LIKE.step_time(n, k))
+        return chosen
+
+    learning = DraftLengthController(K, NGRAM_LIKE)
+    with caplog.at_level("INFO", logger="specdec_plugin.adaptive.controller"):
+        chosen = drive(learning, 200)
+    # Drafting first (the table and an optimistic prior), then off once its cost is seen.
+    assert chosen[0] > 0 and chosen[-50:].count(0) >= 45, chosen
+    assert learning.cost.factor(chosen[0]) == pytest.approx(2.0)
+    moved = [r.getMessage() for r in caplog.records if "start-up cost table" in r.getMessage()]
+    assert moved and all("2.00x" in m for m in moved), moved
+    # The table alone keeps drafting: acceptance 0.5 at the first position pays by it.
+    trusting = DraftLengthController(K, NGRAM_LIKE, learn_costs=False)
+    assert drive(trusting, 200)[-50:].count(0) == 0
+
+
+def test_the_switch(monkeypatch):
+    from specdec_plugin import envs
+    from specdec_plugin.adaptive.controller import DraftLengthController
+
+    monkeypatch.delenv("SPECDEC_ADAPTIVE_OBSERVED_COST", raising=False)
+    assert not envs.adaptive_observed_cost()  # opt-in until measured
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "1")
+    assert envs.adaptive_observed_cost()
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "0")
+    assert not envs.adaptive_observed_cost()
+    # Off: the policy reads the table itself, and step times change nothing.
+    controller = DraftLengthController(K, NGRAM_LIKE, learn_costs=False)
+    controller.observe_step_time(16, K, 10.0)
+    assert controller.cost is NGRAM_LIKE and controller.observed_cost is None
