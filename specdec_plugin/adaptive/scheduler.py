@@ -26,10 +26,10 @@ from specdec_plugin.adaptive.controller import DraftLengthController
 from specdec_plugin.adaptive.cost_model import CostTable, fallback_table
 from specdec_plugin.adaptive.handoff import read_cost_table
 from specdec_plugin.adaptive.step_timing import StepTimer
-from specdec_plugin.adaptive.uniform_drafts import UniformDraftsMixin
+from specdec_plugin.adaptive.uniform_drafts import UniformDraftsMixin, add_invalid_spec_tokens
 from specdec_plugin.log import init_logger
 from specdec_plugin.spec_decode.deferred_sync import tail_block_ids, uncache_window
-from specdec_plugin.spec_decode.ngram_device import FILLER_DRAFTS, TRIMMED_DRAFTS
+from specdec_plugin.spec_decode.ngram_device import TRIMMED_DRAFTS
 
 logger = init_logger(__name__)
 
@@ -93,21 +93,11 @@ class AdaptiveSchedulerMixin:
         # Device n-gram (method ngram_gpu): draft slots the runner trimmed because the match
         # drafted fewer count as vLLM's invalid spec tokens, as if never drafted, which is what
         # the host index reports (spec_decode/ngram_device.py, NgramTrimReportMixin).
-        # With uniform drafts the runner verifies those slots with filler instead
-        # (FILLER_DRAFTS): invalid for vLLM's counters too, but verified, so the controller
-        # counts them (make_spec_decoding_stats).
-        trimmed = getattr(model_runner_output, TRIMMED_DRAFTS, None)
-        self._runner_filler = getattr(model_runner_output, FILLER_DRAFTS, None) or {}
-        for slots in (trimmed, self._runner_filler):
-            if slots:
-                invalid = dict(scheduler_output.num_invalid_spec_tokens or {})
-                for req_id, n in slots.items():
-                    invalid[req_id] = invalid.get(req_id, 0) + n
-                scheduler_output.num_invalid_spec_tokens = invalid
-        try:
-            outputs = super().update_from_output(scheduler_output, model_runner_output)
-        finally:
-            self._runner_filler = {}
+        # With uniform drafts the runner verifies those slots with filler instead: the
+        # filler accounting is UniformDraftsMixin's (uniform_drafts.py).
+        add_invalid_spec_tokens(scheduler_output,
+                                getattr(model_runner_output, TRIMMED_DRAFTS, None) or {})
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
         if self._step_timer is not None:
             self._step_timer.output_done(time.perf_counter())
         if step_time is not None:
@@ -121,12 +111,10 @@ class AdaptiveSchedulerMixin:
         if num_invalid_spec_tokens:
             drafted -= num_invalid_spec_tokens.get(request_id, 0)
         # Filler slots (uniform_drafts.py) are not drafts for vLLM's metrics, but each cost a
-        # verification slot: the controller learns what a slot is worth.
-        filler = (getattr(self, "filler_slots", lambda _: 0)(request_id)
-                  + getattr(self, "_runner_filler", {}).get(request_id, 0))
-        self.draft_controller.observe(request_id, drafted + filler, num_accepted_tokens)
-        if filler:  # a filler the target happened to choose is not an accepted draft
-            num_accepted_tokens = min(num_accepted_tokens, max(drafted, 0))
+        # verification slot: the controller learns what a slot is worth. (UniformDraftsMixin,
+        # next in the bases, keeps an accepted filler out of vLLM's accepted count.)
+        self.draft_controller.observe(request_id, drafted + self.filler_slots(request_id),
+                                      num_accepted_tokens)
         if drafted <= 0:
             # Every slot invalid (a device n-gram request with no match): no draft, as the host
             # index reports it; vLLM would count a draft of 0 tokens.
@@ -156,5 +144,5 @@ class AdaptiveScheduler(AdaptiveSchedulerMixin, UniformDraftsMixin, Scheduler):
     pass
 
 
-class AdaptiveAsyncScheduler(AdaptiveSchedulerMixin, AsyncScheduler):
-    pass  # drafts stay on the device under async scheduling: nothing to pad here
+class AdaptiveAsyncScheduler(AdaptiveSchedulerMixin, UniformDraftsMixin, AsyncScheduler):
+    pass  # drafts stay on the device: no host padding, the runner's filler is accounted

@@ -38,6 +38,7 @@ from __future__ import annotations
 from vllm.v1.outputs import DraftTokenIds
 
 from specdec_plugin import envs
+from specdec_plugin.spec_decode.ngram_device import FILLER_DRAFTS
 
 # The methods whose drafts reach the scheduler as host lists (vLLM's synchronous path).
 PADDED_METHODS = frozenset({"ngram", "suffix"})
@@ -51,13 +52,26 @@ def uniform_drafts_enabled(vllm_config) -> bool:
             and not vllm_config.scheduler_config.async_scheduling)
 
 
+def add_invalid_spec_tokens(scheduler_output, slots: dict[str, int]) -> None:
+    """Count ``slots`` (request id -> draft slots) as vLLM's invalid spec tokens of the step:
+    its counters then leave them out of the drafts."""
+    if not slots:
+        return
+    invalid = dict(scheduler_output.num_invalid_spec_tokens or {})
+    for req_id, n in slots.items():
+        invalid[req_id] = invalid.get(req_id, 0) + n
+    scheduler_output.num_invalid_spec_tokens = invalid
+
+
 def padded_draft(draft: list[int], k: int, filler: int) -> list[int]:
     """``draft`` extended to ``k`` tokens with ``filler`` (never shortened)."""
     return list(draft) + [filler] * (k - len(draft)) if len(draft) < k else list(draft)
 
 
 class UniformDraftsMixin:
-    """Mixed into a vLLM scheduler (before ``Scheduler`` in the bases)."""
+    """Mixed into a vLLM scheduler (before ``Scheduler`` in the bases). Pads host drafts
+    where ``uniform_drafts_enabled``, and accounts for filler slots from either source: its
+    own padding and the device n-gram runner's (``FILLER_DRAFTS`` on the step's output)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -81,16 +95,17 @@ class UniformDraftsMixin:
             real = self._real_draft_len.pop(req_id, None)
             if real is not None and len(spec) > real:
                 filler[req_id] = len(spec) - real
-        if filler:
-            invalid = dict(out.num_invalid_spec_tokens or {})
-            for req_id, n in filler.items():
-                invalid[req_id] = invalid.get(req_id, 0) + n
-            out.num_invalid_spec_tokens = invalid
+        add_invalid_spec_tokens(out, filler)
         setattr(out, FILLER_SLOTS, filler)
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
-        self._filler_now = getattr(scheduler_output, FILLER_SLOTS, None) or {}
+        filler = dict(getattr(scheduler_output, FILLER_SLOTS, None) or {})
+        from_runner = getattr(model_runner_output, FILLER_DRAFTS, None) or {}
+        add_invalid_spec_tokens(scheduler_output, from_runner)
+        for req_id, n in from_runner.items():
+            filler[req_id] = filler.get(req_id, 0) + n
+        self._filler_now = filler
         try:
             return super().update_from_output(scheduler_output, model_runner_output)
         finally:

@@ -208,8 +208,11 @@ class NgramTrimReportMixin:
     """
 
     _specdec_trimmed: dict[str, int] | None = None
-    _specdec_filler: dict[str, int] | None = None
     _specdec_counts: tuple | None = None  # (event, host counts, rows, slots) of the last step
+    # Host buffers of the untrimmed path, allocated at its first step: the previous step's
+    # match counts, and the counts handed to vLLM's trim (every slot kept).
+    _specdec_counts_host: torch.Tensor | None = None
+    _specdec_keep_all: torch.Tensor | None = None
 
     def _update_states(self, scheduler_output):
         spec = self.speculative_config
@@ -238,8 +241,12 @@ class NgramTrimReportMixin:
         counts = self._num_valid_draft_tokens
         self._specdec_counts = None
         if slots and counts is not None:
-            host = torch.empty(counts.shape, dtype=counts.dtype, device="cpu",
-                               pin_memory=self.device_layer.pin_memory)
+            host = self._specdec_counts_host
+            if host is None or host.shape != counts.shape or host.dtype != counts.dtype:
+                host = self._specdec_counts_host = torch.empty(
+                    counts.shape, dtype=counts.dtype, device="cpu",
+                    pin_memory=self.device_layer.pin_memory)
+            # Read in this step's sample_tokens, before the next step copies over it.
             host.copy_(counts, non_blocking=True)
             event = self.device_layer.event()
             event.record()
@@ -247,7 +254,10 @@ class NgramTrimReportMixin:
             rows = {req: self.input_batch.req_id_to_index.get(req) for req in slots}
             self._specdec_counts = (event, host, rows, slots)
         saved = self._num_valid_draft_tokens_event, self._num_valid_draft_tokens_cpu
-        keep_all = torch.full_like(self._num_valid_draft_tokens_cpu, self.num_spec_tokens + 1)
+        if self._specdec_keep_all is None:
+            self._specdec_keep_all = torch.full_like(self._num_valid_draft_tokens_cpu,
+                                                     self.num_spec_tokens + 1)
+        keep_all = self._specdec_keep_all
         self._num_valid_draft_tokens_event, self._num_valid_draft_tokens_cpu = _NoWait(), keep_all
         try:
             return super()._update_states(scheduler_output)
