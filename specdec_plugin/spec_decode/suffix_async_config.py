@@ -47,7 +47,3 @@ def apply_suffix_async(vllm_config: "VllmConfig", device: "DeviceLayer",
             "runs under async scheduling: drafts are made lazily, steps that draft nothing "
             "do not wait for the device" if scheduler.async_scheduling
             else "stays without async scheduling (off for this device or by request)", mode)
-
-
-def suffix_async_enabled(vllm_config: "VllmConfig") -> bool:
-    return _is_suffix(vllm_config) and bool(vllm_config.scheduler_config.async_scheduling)
