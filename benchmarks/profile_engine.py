@@ -13,7 +13,9 @@ see the scheduler, the model runner, the drafter and every kernel launch. Prints
     python benchmarks/profile_engine.py --backend ours --method eagle --batch 1 --out DIR
 
 Uses the random 7.24B Llama of the side-by-side benchmark (benchmarks/gpu_models.py) with
-synthetic acceptance. Native: ``--backend native`` (``VLLM_PLUGINS=""``, set before vLLM loads).
+synthetic acceptance, or with ``--setup smollm2-padded --small-target DIR --workloads prose``
+SmolLM2 padded to 7B on one real workload (real acceptance: n-gram's uneven draft lengths).
+Native: ``--backend native`` (``VLLM_PLUGINS=""``, set before vLLM loads).
 """
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ def _args():
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_setup_arguments(p)  # --work, --k, --acceptance-length: what the model setup reads
+    p.add_argument("--setup", choices=("llama7b-random", "smollm2-padded"),
+                   default="llama7b-random")
+    p.add_argument("--small-target", help="SmolLM2 checkpoint directory (smollm2-padded)")
     p.add_argument("--backend", choices=("ours", "native"), default="ours")
     p.add_argument("--method", default="eagle")
     p.add_argument("--batch", type=int, default=1)
@@ -75,7 +80,10 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     # The side-by-side benchmark's model, drafters, speculative configs and prompts.
-    target, specs, workload = SETUPS["llama7b-random"](args)
+    target, specs, workload = SETUPS[args.setup](args)
+    if "workloads" in workload:  # one workload: the first named
+        workload = {"prompts": next(iter(workload["workloads"].values())),
+                    "engine": workload["engine"]}
     engine = {"dtype": "bfloat16", "max_model_len": 1024, "max_num_seqs": max(args.batch, 1),
               "gpu_memory_utilization": 0.85, "seed": 0, **workload["engine"],
               **json.loads(args.engine)}
