@@ -95,7 +95,8 @@ def defer_drafter_sync() -> bool:
 
 
 def uniform_drafts() -> bool:
-    # Opt-in until measured on a GPU (adaptive/uniform_drafts.py).
+    # Unset: "0" here; the CUDA device layer sets "1" in its process_env (graphs make padding
+    # pay; on the CPU it only adds verification work).
     return os.environ.get("SPECDEC_UNIFORM_DRAFTS", "0").strip().lower() in _TRUE
 
 

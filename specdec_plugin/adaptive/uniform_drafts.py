@@ -1,4 +1,4 @@
-"""Uniform draft lengths for host proposers (n-gram on the host, suffix): opt-in.
+"""Uniform draft lengths for n-gram and suffix: on by default on CUDA GPUs.
 
 Why: vLLM replays a full CUDA graph for a decode step only when every request in it verifies
 the same number of drafts ("uniform decode"). The n-gram and suffix proposers draft what each
@@ -30,8 +30,12 @@ vLLM's runner trims the unmatched ones (after waiting on the host for the previo
 match counts); the runner instead verifies them with filler and reports them
 (spec_decode/ngram_device.py, ``fill_unmatched`` and ``NgramTrimReportMixin``).
 
-Opt-in (``SPECDEC_UNIFORM_DRAFTS=1``) until it is measured on a GPU. On the CPU there are no
-graphs, so padding only adds verification work.
+Suffix decoding under async scheduling (``SPECDEC_SUFFIX_ASYNC``) pads in the runner, where its
+drafts are made (spec_decode/suffix_async_runner.py).
+
+``SPECDEC_UNIFORM_DRAFTS``: the CUDA device layer sets it to 1 (measured on the H100, session
+15: better than ragged drafts in all 16 cells of the real-prompt run, BENCHMARKS.md); 0 turns
+it off. On the CPU there are no graphs, so padding only adds verification work: off there.
 """
 from __future__ import annotations
 

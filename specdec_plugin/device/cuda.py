@@ -36,7 +36,13 @@ class CudaDevice(DeviceLayer):
     # H100 (2026-11-25, session 13) the GPU tests passed with it (34 of 34) and, with every
     # draft rejected, EAGLE-3 went from 1.06-1.11x to 1.03-1.06x of plain decoding. A user's
     # setting wins (config_defaults.apply_defaults uses setdefault).
-    process_env: ClassVar[dict[str, str]] = {"SPECDEC_DEFER_DRAFTER_SYNC": "1"}
+    # Uniform draft lengths for n-gram and suffix (adaptive/uniform_drafts.py): on the H100
+    # (2026-11-26, session 15, SmolLM2 padded to 7B, prose and code editing, batches 1-64)
+    # ragged drafts ran piecewise graphs and cost 1.14-2.06x of plain decoding on prose; padded,
+    # 1.02-1.38x, and n-gram on code editing went from 0.71-1.69x to 0.63-1.04x. Better in every
+    # one of the 16 cells; the GPU tests' greedy-equality check of it passed (BENCHMARKS.md).
+    process_env: ClassVar[dict[str, str]] = {"SPECDEC_DEFER_DRAFTER_SYNC": "1",
+                                             "SPECDEC_UNIFORM_DRAFTS": "1"}
     # Graph replays are quick to time: measure more sizes.
     step_cost_budget_s = 10.0
     # Inductor fuses the norm / rotary / activation code between our attention calls, as on

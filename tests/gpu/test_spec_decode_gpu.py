@@ -90,12 +90,14 @@ def _jobs(smollm2: str) -> dict[str, dict]:
     # synchronous comparison.
     jobs["ours/float32/draft_model-sync"] = job("ours", smollm2, "float32", _spec("draft_model"),
                                                 async_scheduling=False)
-    # Uniform draft lengths (SPECDEC_UNIFORM_DRAFTS=1, with adaptive drafting, which the test
-    # environment turns off by default): n-gram on the device, suffix on the host.
+    # Adaptive drafting (which the test environment turns off by default) with draft lengths
+    # uniform (padded: the CUDA default since session 15) and ragged (SPECDEC_UNIFORM_DRAFTS=0):
+    # n-gram on the device, suffix on the host.
     for method in ("ngram", "suffix"):
-        uniform = job("ours", smollm2, "float32", _spec(method))
-        uniform["env"] = {"SPECDEC_UNIFORM_DRAFTS": "1", "SPECDEC_ADAPTIVE": "1"}
-        jobs[f"ours/float32/{method}-uniform"] = uniform
+        for name, uniform in (("uniform", "1"), ("ragged", "0")):
+            adaptive = job("ours", smollm2, "float32", _spec(method))
+            adaptive["env"] = {"SPECDEC_UNIFORM_DRAFTS": uniform, "SPECDEC_ADAPTIVE": "1"}
+            jobs[f"ours/float32/{method}-{name}"] = adaptive
     jobs["ours/float32/none-eager"] = job("ours", smollm2, "float32", enforce_eager=True)
     jobs["ours/float32/eagle-eager"] = job("ours", smollm2, "float32", _spec("eagle"),
                                            enforce_eager=True)
@@ -263,10 +265,11 @@ def test_draft_model_with_async_scheduling(results):
 
 
 @pytest.mark.parametrize("method", ["ngram", "suffix"])
-def test_uniform_drafts_are_lossless(results, method):
-    """SPECDEC_UNIFORM_DRAFTS=1 (adaptive/uniform_drafts.py): filler verified in full graphs
-    leaves the output the target's. Not yet run on a GPU (added in session 14)."""
-    _assert_equal_but_ties(results, "ours/float32/none", f"ours/float32/{method}-uniform")
+@pytest.mark.parametrize("lengths", ["uniform", "ragged"])
+def test_adaptive_drafts_are_lossless(results, method, lengths):
+    """Adaptive drafting, drafts padded to one length (adaptive/uniform_drafts.py: filler
+    verified in full graphs) or left ragged (piecewise graphs): the output is the target's."""
+    _assert_equal_but_ties(results, "ours/float32/none", f"ours/float32/{method}-{lengths}")
 
 
 def test_draft_model_expansion_kernel_compiles_once(results):
