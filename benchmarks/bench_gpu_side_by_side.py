@@ -9,7 +9,7 @@ per-position acceptance at each batch size, and the ratio ours/native.
     python benchmarks/bench_gpu_side_by_side.py --out results/ [--model llama7b-random]
         [--methods none,draft_model,eagle,eagle3,ngram,suffix] [--batches 1,16]
         [--backends native,ours,ours-static,ours-defer,ours-nodefer,ours-async,native-async,ours-sync,
-                    ours-uniform,ours-suffix-async]
+                    ours-uniform,ours-ragged,ours-suffix-async,ours-observed]
 
 Models:
 - ``llama7b-random``: the random 7.24B Llama of ../shared/notes/native-baseline.md with random
@@ -144,10 +144,18 @@ BACKENDS = {
     "native-async": Backend("native", "vLLM native, async scheduling",
                             engine={"async_scheduling": True}, methods=frozenset({"draft_model"})),
     # n-gram and suffix drafts padded to the step's length (adaptive/uniform_drafts.py):
-    # uniform decode batches, full graphs. Opt-in until this backend is measured.
+    # uniform decode batches, full graphs. The CUDA default since session 15 (so "ours" has it
+    # there); "ours-ragged" is the comparison.
     "ours-uniform": Backend("ours", "specdec_plugin, uniform draft lengths",
                             {"SPECDEC_UNIFORM_DRAFTS": "1"},
                             methods=frozenset({"ngram", "suffix"})),
+    "ours-ragged": Backend("ours", "specdec_plugin, ragged draft lengths",
+                           {"SPECDEC_UNIFORM_DRAFTS": "0"},
+                           methods=frozenset({"ngram", "suffix"})),
+    # The adaptive controller's start-up step costs corrected by observed step times
+    # (adaptive/observed_cost.py): opt-in until measured here.
+    "ours-observed": Backend("ours", "specdec_plugin, observed step costs",
+                             {"SPECDEC_ADAPTIVE_OBSERVED_COST": "1"}, methods=_DRAFTING),
     # What async scheduling is worth to plain decoding: the methods that run without it
     # (suffix, draft model by default) pay at most this.
     "ours-sync": Backend("ours", "specdec_plugin, async scheduling off",
@@ -308,9 +316,10 @@ def main() -> None:
                              "with adaptive drafting off, SPECDEC_ADAPTIVE=0; ours-defer: the drafter's "
                              "KV sync deferred, SPECDEC_DEFER_DRAFTER_SYNC=1, ours-nodefer =0; ours-async, "
                              "native-async: draft model with async_scheduling=True; ours-sync: plain "
-                             "decoding with async scheduling off; ours-uniform: n-gram and suffix "
-                             "with SPECDEC_UNIFORM_DRAFTS=1; ours-suffix-async: suffix decoding "
-                             "under async scheduling, SPECDEC_SUFFIX_ASYNC=1)")
+                             "decoding with async scheduling off; ours-uniform / ours-ragged: n-gram "
+                             "and suffix with SPECDEC_UNIFORM_DRAFTS=1 / 0; ours-suffix-async: "
+                             "suffix decoding under async scheduling, SPECDEC_SUFFIX_ASYNC=1; "
+                             "ours-observed: SPECDEC_ADAPTIVE_OBSERVED_COST=1)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "
                              "run_clock_windows) to tell a slow timed run's cause")

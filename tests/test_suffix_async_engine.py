@@ -152,3 +152,63 @@ def test_adaptive_drafting_counts_only_the_drafts_made(engines, smollm2_path, mo
     # A request's last draft may never be verified; trimmed slots are never counted.
     assert delta["vllm:spec_decode_num_drafts"] <= sum(map(bool, made)), delta
     assert delta["vllm:spec_decode_num_draft_tokens"] <= sum(map(len, made)), delta
+
+
+# Run in the engine's worker: what ``_padded_drafts`` got and gave, step by step.
+def _record_padding(worker):
+    runner = worker.model_runner
+    pad = type(runner)._padded_drafts
+    runner.padding_log = []
+
+    def recording(lazy, reserved, drafts):
+        padded = pad(runner, lazy, reserved, drafts)
+        runner.padding_log.append((dict(reserved), {r: list(d) for r, d in drafts.items()},
+                                   padded, dict(runner._specdec_filler or {})))
+        return padded
+
+    runner._padded_drafts = recording
+    runner._lazy_suffix()  # decides _suffix_pads
+    return runner._suffix_pads
+
+
+def _padding_log(worker):
+    return worker.model_runner.padding_log
+
+
+def test_uniform_drafts_pad_instead_of_trim(engines, smollm2_path, monkeypatch):
+    """SPECDEC_UNIFORM_DRAFTS=1 (the CUDA default) under async scheduling: every reserved slot
+    is verified (a short draft is filled with the request's newest token, never trimmed), the
+    output is still plain decoding's, and vLLM's counters count the drafts made, not filler."""
+    from vllm import SamplingParams
+
+    from tests.engine_pool import counter_delta, counters
+
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    plain = engines.get(smollm2_path, enable_prefix_caching=False)
+    want = [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
+    monkeypatch.setenv("SPECDEC_SUFFIX_ASYNC", "force")
+    monkeypatch.setenv("SPECDEC_UNIFORM_DRAFTS", "1")
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    # A distinct max_num_seqs keeps this engine apart from the pool's others (the variables
+    # are read at start).
+    llm = engines.get(smollm2_path, metrics=True, adaptive=True, enable_prefix_caching=False,
+                      disable_log_stats=False, speculative_config=dict(SPEC), max_num_seqs=254)
+    assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling
+    assert llm.collective_rpc(_record_padding) == [True]
+    before = counters(llm)
+    got = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
+    delta = {name: counter_delta(before, counters(llm), name) for name in before}
+    [log] = llm.collective_rpc(_padding_log)
+    assert got == want
+    made = filled = 0
+    for reserved, drafts, padded, filler in log:
+        for req_id, slots in reserved.items():
+            real = drafts[req_id]
+            assert len(padded[req_id]) == slots and padded[req_id][:len(real)] == real
+            assert filler.get(req_id, 0) == slots - len(real), (req_id, slots, real, filler)
+            made += len(real)
+            filled += slots - len(real)
+    print("uniform:", delta, f"{made} draft tokens made, {filled} filler slots")
+    assert filled > 0 and delta["vllm:spec_decode_num_drafts"] > 0, (filled, delta)
+    # Filler is verified but never counted as drafted.
+    assert delta["vllm:spec_decode_num_draft_tokens"] <= made, (delta, made)

@@ -208,6 +208,8 @@ class NgramTrimReportMixin:
     """
 
     _specdec_trimmed: dict[str, int] | None = None
+    # Filler slots another runner path verified this step (suffix under async scheduling).
+    _specdec_filler: dict[str, int] | None = None
     _specdec_counts: tuple | None = None  # (event, host counts, rows, slots) of the last step
     # Host buffers of the untrimmed path, allocated at its first step: the previous step's
     # match counts, and the counts handed to vLLM's trim (every slot kept).
@@ -281,6 +283,9 @@ class NgramTrimReportMixin:
         output = super().sample_tokens(grammar_output)
         trimmed, self._specdec_trimmed = self._specdec_trimmed, None
         filler = self._filler_of_last_step()
+        if self._specdec_filler:
+            filler = {**filler, **self._specdec_filler}
+        self._specdec_filler = None
         if trimmed or filler:
             from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 

@@ -24,6 +24,13 @@ what that path does, and this mixin does only that, through runner methods:
   the scheduler advanced ``num_computed_tokens`` by all of them and the runner's correction
   must undo the same count. The trims reach the scheduler's counters as ``ngram_gpu``'s do
   (``NgramTrimReportMixin``'s ``specdec_trimmed_drafts``).
+
+Uniform draft lengths (``SPECDEC_UNIFORM_DRAFTS``, on by default on CUDA; with adaptive
+drafting): a request whose draft is shorter than its reserved slots gets filler (its newest
+token, repeated) instead of a trim, as the device n-gram path does (ngram_device.py). Every
+request then verifies the same count, the step is a uniform decode batch and replays a full
+graph (adaptive/uniform_drafts.py says why that matters). The filler slots reach the scheduler
+as ``specdec_filler_drafts``, which it counts as invalid drafts.
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ from dataclasses import replace
 
 import torch
 
+from specdec_plugin import envs
 from specdec_plugin.spec_decode.suffix_lazy import LazySuffixDrafts
 
 _UNSET = object()
@@ -48,8 +56,17 @@ def accepted_counts(sampled: torch.Tensor, discard: torch.Tensor, vocab_size: in
     return torch.where(counts > 0, last, torch.zeros_like(last)), counts
 
 
+def pads_async_suffix_drafts(vllm_config) -> bool:
+    """Uniform draft lengths for suffix decoding under async scheduling (with adaptive
+    drafting, whose scheduler counts the filler, as for the other padded paths)."""
+    from specdec_plugin.adaptive.config import adaptive_enabled
+
+    return envs.uniform_drafts() and adaptive_enabled(vllm_config)
+
+
 class SuffixAsyncMixin:
     _suffix_state = _UNSET
+    _suffix_pads: bool = False
     _suffix_reserved: dict[str, int] | None = None  # this step's reserved slots per request
     _suffix_step: list | None = None  # [k asked for the next step, proposer called]
 
@@ -60,6 +77,7 @@ class SuffixAsyncMixin:
                       and self.use_async_scheduling)
             self._suffix_state = (LazySuffixDrafts(self.drafter, self.input_batch.vocab_size)
                                   if active else None)
+            self._suffix_pads = active and pads_async_suffix_drafts(self.vllm_config)
         return self._suffix_state
 
     def execute_model(self, scheduler_output, intermediate_tensors=None):
@@ -70,14 +88,30 @@ class SuffixAsyncMixin:
                     for req_id, slots in scheduler_output.scheduled_spec_decode_tokens.items()
                     if slots}
         self._suffix_reserved = reserved or None
-        self._specdec_trimmed = None
+        self._specdec_trimmed = self._specdec_filler = None
         if not reserved:
             lazy.drain(wait=False)  # index the steps whose copies have landed; never wait
             return super().execute_model(scheduler_output, intermediate_tensors)
         drafts = lazy.drafts(reserved)
+        if self._suffix_pads:
+            drafts = self._padded_drafts(lazy, reserved, drafts)
         scheduler_output = self._scheduled_with_drafts(scheduler_output, reserved, drafts)
         self._upload_drafts(drafts)
         return super().execute_model(scheduler_output, intermediate_tensors)
+
+    def _padded_drafts(self, lazy: LazySuffixDrafts, reserved: dict[str, int],
+                       drafts: dict[str, list[int]]) -> dict[str, list[int]]:
+        """Each draft filled up to its reserved slots with the request's newest token; the
+        filler counts go to the scheduler with this step's output (``specdec_filler_drafts``)."""
+        padded, filler = {}, {}
+        for req_id, slots in reserved.items():
+            draft = list(drafts[req_id])
+            if len(draft) < slots:
+                filler[req_id] = slots - len(draft)
+                draft += [lazy.last_token(req_id)] * filler[req_id]
+            padded[req_id] = draft
+        self._specdec_filler = filler or None
+        return padded
 
     def _scheduled_with_drafts(self, scheduler_output, reserved, drafts):
         """The runner's own copy of the scheduler output (the engine's object is the

@@ -53,6 +53,7 @@ class LazySuffixDrafts:
         self._queue: deque[StepRecord] = deque()
         self._known: set[str] = set()  # started as of the newest queued record
         self._num_tokens: dict[str, int] = {}  # tokens indexed per request, applied records
+        self._last_token: dict[str, int] = {}  # each request's newest sampled token, applied
         self._stops_after_drafts: list[str] = []
         # What happened, for tests and logs: records applied without waiting, waits, drafts.
         self.applied_ready = self.waits = self.drafting_steps = 0
@@ -102,6 +103,7 @@ class LazySuffixDrafts:
             if index.has_request(req_id):
                 index.stop_request(req_id)
             self._num_tokens.pop(req_id, None)
+            self._last_token.pop(req_id, None)
         self._stops_after_drafts = rec.stops
         rows, counts = _accepted(np.asarray(rec.sampled), self.vocab_size)
         for row, req_id in enumerate(rec.req_ids):
@@ -123,6 +125,7 @@ class LazySuffixDrafts:
                 continue  # never started (cannot happen: a start comes with a first sample)
             num_tokens += len(tokens)
             self._num_tokens[req_id] = num_tokens
+            self._last_token[req_id] = tokens[-1]
             if num_tokens >= p.max_model_len:
                 continue  # as the synchronous proposer: neither indexed nor drafted at the cap
             index.add_tokens(req_id, tokens)
@@ -151,6 +154,12 @@ class LazySuffixDrafts:
             made = self._apply(rec, reserved)
             self.drafting_steps += rec.k > 0 and bool(made)
         return {req_id: made.get(req_id, []) for req_id in reserved}
+
+
+    def last_token(self, req_id: str) -> int:
+        """The newest token of ``req_id`` that an applied record sampled (0 if none): after
+        ``drafts``, the token the next step's drafts follow."""
+        return self._last_token.get(req_id, 0)
 
 
 def _accepted(sampled: np.ndarray, vocab_size: int) -> tuple[list[list[int]], list[int]]:

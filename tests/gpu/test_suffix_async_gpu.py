@@ -7,7 +7,8 @@ full graphs) in their own processes (engine-core processes: patch P12's second p
 - the variable turns async scheduling on, and only for the engines that set it;
 - output equals no speculation: fp32 on every prompt but at most one (a near-tie of the
   target's top-2 logits, as tests/gpu/test_spec_decode_gpu.py allows), bf16 on >= 95%, with
-  adaptive drafting off (K every step) and on (lengths 0..K, the lazy path's k = 0 steps);
+  adaptive drafting off (K every step) and on (lengths 0..K, the lazy path's k = 0 steps,
+  short drafts padded to the step's length: SPECDEC_UNIFORM_DRAFTS, the CUDA default);
 - fp32, adaptive off: the same drafts as the synchronous proposer, so the same accepted tokens
   (when both outputs are equal; a margin for the last step, which async scheduling cuts
   differently at max_tokens).
