@@ -173,12 +173,28 @@ def _baseline(method: str, dtype: str) -> str:
     return f"ours/{dtype}/none-mimo" if method == "mtp" else f"ours/{dtype}/none"
 
 
+def _divergences(results, want, have) -> str:
+    """Where each unequal prompt first differs, and the target's fp32 top-2 logit gap there:
+    a bf16 flip at a small gap is rounding, at a large one a bug (the bf16 suffix failures of
+    sessions 9-15 were never looked at prompt by prompt)."""
+    from tests.prompts_gpu import BENCH_PROMPTS
+
+    notes = []
+    for index in _mismatches(want, have):
+        first = next((i for i, (a, b) in enumerate(zip(want[index], have[index])) if a != b),
+                     min(len(want[index]), len(have[index])))
+        gap = _top2_gap(results["_smollm2"], BENCH_PROMPTS[index], want[index][:first])
+        notes.append(f"prompt {index} token {first} fp32 gap {gap:.3g}")
+    return "; ".join(notes)
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_bf16_greedy_equal_on_95_percent(results, method):
     want, _ = _tokens(results, _baseline(method, "bfloat16"))
     have, entry = _tokens(results, f"ours/bfloat16/{method}")
     equal = sum(a == b for a, b in zip(want, have))
-    assert equal >= 0.95 * len(want), f"{method}: {equal} of {len(want)} prompts equal"
+    assert equal >= 0.95 * len(want), (f"{method}: {equal} of {len(want)} prompts equal "
+                                       f"({_divergences(results, want, have)})")
     assert entry["spec"]["accepted"] > 0, "no draft was accepted: speculation did not happen"
 
 
