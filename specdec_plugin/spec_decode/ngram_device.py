@@ -272,11 +272,14 @@ class NgramTrimReportMixin:
             return {}
         event, host, rows, slots = pending
         event.synchronize()  # the previous step's work only: this step's is queued behind it
+        # One conversion, not two tensor reads per request: at batch 64 the per-row reads
+        # were about 15,000 host tensor ops per 122 steps on the H100 profile (session 15).
+        counts = host.tolist()
         filler = {}
         for req, n in slots.items():
             row = rows.get(req)
-            if row is not None and row < host.shape[0] and int(host[row]) < n:
-                filler[req] = n - max(int(host[row]), 0)
+            if row is not None and row < len(counts) and counts[row] < n:
+                filler[req] = n - max(counts[row], 0)
         return filler
 
     def sample_tokens(self, grammar_output):
