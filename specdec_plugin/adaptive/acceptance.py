@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdec_plugin.adaptive.request_rows import RequestRows
+
 
 @dataclass(frozen=True)
 class AcceptanceSettings:
@@ -43,6 +45,12 @@ def _rates(tested: np.ndarray, accepted: np.ndarray, prior: np.ndarray | float,
 
 
 class AcceptanceTracker:
+    """Why observations are buffered: the scheduler reports each request's result separately
+    (``observe``, once per request per step), and per-request numpy work there cost the
+    controller most of its host time at large batches. ``observe`` only records; the step's
+    results are folded into the counts together (``_fold``), before anything reads the
+    per-request counts and at ``end_step``, with the arithmetic of folding them one by one."""
+
     def __init__(self, settings: AcceptanceSettings):
         self.settings = settings
         k = settings.max_k
@@ -50,58 +58,103 @@ class AcceptanceTracker:
         self.accepted = np.zeros(k)
         self._step_tested = np.zeros(k)
         self._step_accepted = np.zeros(k)
-        self._requests: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._rows = RequestRows(k)
+        self._positions = np.arange(k)
+        # (req_id, drafted, accepted) reported since the last fold.
+        self._pending: list[tuple[str, int, int]] = []
+        # engine_rates() of the current engine counts; None once they change.
+        self._engine_rates: np.ndarray | None = None
 
     def observe(self, req_id: str, num_drafted: int, num_accepted: int) -> None:
         """One request's verification result in this step."""
-        k = self.settings.max_k
-        num_drafted = min(num_drafted, k)
-        num_accepted = max(0, min(num_accepted, num_drafted))
-        if num_drafted <= 0:
+        if num_drafted > 0:  # a step that drafted nothing says nothing
+            self._pending.append((req_id, num_drafted, num_accepted))
+
+    def _fold(self) -> None:
+        """Apply the pending observations, in the order they came, to each request's counts
+        (``own * decay + new``) and to the step's engine-wide counts."""
+        pending = self._pending
+        if not pending:
             return
-        tested = np.zeros(k)
-        accepted = np.zeros(k)
-        accepted[:num_accepted] = 1.0
-        tested[:min(num_drafted, num_accepted + 1)] = 1.0
-        self._step_tested += tested
-        self._step_accepted += accepted
-        own = self._requests.get(req_id)
-        if own is None:
-            self._requests[req_id] = (tested, accepted)
-        else:
-            decay = self.settings.decay
-            own[0][:] = own[0] * decay + tested
-            own[1][:] = own[1] * decay + accepted
+        self._pending = []
+        k = self.settings.max_k
+        drafted = np.minimum(np.array([p[1] for p in pending], dtype=np.int64), k)
+        accepted = np.clip(np.array([p[2] for p in pending], dtype=np.int64), 0, drafted)
+        keep = drafted > 0
+        if not keep.all():  # only with max_k = 0
+            pending = [p for p, kept in zip(pending, keep) if kept]
+            drafted, accepted = drafted[keep], accepted[keep]
+            if not pending:
+                return
+        # Positions 1..m accepted, m+1 rejected if drafted: tested are the first min(d, m+1).
+        new_tested = (self._positions < np.minimum(drafted, accepted + 1)[:, None]).astype(float)
+        new_accepted = (self._positions < accepted[:, None]).astype(float)
+        # Sums of zeros and ones: exact in any order, so equal to adding them one by one.
+        self._step_tested += new_tested.sum(axis=0)
+        self._step_accepted += new_accepted.sum(axis=0)
+        rows = [self._rows.row(p[0]) for p in pending]
+        if len(set(rows)) == len(rows):
+            self._fold_rows(rows, new_tested, new_accepted)
+            return
+        # A request reported twice before a fold decays twice, as it did folded one by one:
+        # fold in runs in which no request repeats.
+        start, seen = 0, set()
+        for i, row in enumerate(rows):
+            if row in seen:
+                self._fold_rows(rows[start:i], new_tested[start:i], new_accepted[start:i])
+                start, seen = i, set()
+            seen.add(row)
+        self._fold_rows(rows[start:], new_tested[start:], new_accepted[start:])
+
+    def _fold_rows(self, rows, new_tested: np.ndarray, new_accepted: np.ndarray) -> None:
+        decay = self.settings.decay
+        tested, accepted = self._rows.tested, self._rows.accepted
+        tested[rows] = tested[rows] * decay + new_tested
+        accepted[rows] = accepted[rows] * decay + new_accepted
 
     def end_step(self) -> None:
         """Fold this step's observations into the engine-wide counts."""
+        self._fold()
         if self._step_tested.any():
             decay = self.settings.decay
             self.tested = self.tested * decay + self._step_tested
             self.accepted = self.accepted * decay + self._step_accepted
             self._step_tested = np.zeros_like(self._step_tested)
             self._step_accepted = np.zeros_like(self._step_accepted)
+            self._engine_rates = None
 
     def forget(self, req_id: str) -> None:
-        self._requests.pop(req_id, None)
+        self._fold()  # its pending results still count for the engine, as they did
+        self._rows.release(req_id)
 
     def engine_rates(self) -> np.ndarray:
-        s = self.settings
-        return _rates(self.tested, self.accepted, s.prior_rate, s.prior_weight, s.pool_weight)
+        # A copy, so that a caller writing into it cannot change the cache.
+        return self._engine().copy()
+
+    def _engine(self) -> np.ndarray:
+        # Cached: read every step, and the engine counts change at most once per step.
+        if self._engine_rates is None:
+            s = self.settings
+            self._engine_rates = _rates(self.tested, self.accepted, s.prior_rate,
+                                        s.prior_weight, s.pool_weight)
+        return self._engine_rates
 
     def batch_rates(self, req_ids) -> np.ndarray:
         """Per-request rates [n, K] for the requests of a step; requests without history get
         the engine-wide rates."""
-        engine = self.engine_rates()
-        s = self.settings
-        rows = []
-        for req_id in req_ids:
-            own = self._requests.get(req_id)
-            if own is None:
-                rows.append(engine)
-            else:
-                rows.append((own[1] + engine * s.request_prior_weight)
-                            / (own[0] + s.request_prior_weight))
+        self._fold()
+        engine = self._engine()
+        index = self._rows.index
+        rows = [index.get(req_id, -1) for req_id in req_ids]
         if not rows:
-            return engine[None, :]
-        return np.stack(rows)
+            return engine[None, :].copy()
+        out = np.empty((len(rows), len(engine)))
+        out[:] = engine
+        known = np.array(rows)
+        where = np.flatnonzero(known >= 0)
+        if len(where):
+            own = known[where]
+            w = self.settings.request_prior_weight
+            out[where] = ((self._rows.accepted[own] + engine * w)
+                          / (self._rows.tested[own] + w))
+        return out
