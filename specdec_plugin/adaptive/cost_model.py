@@ -33,6 +33,9 @@ import numpy as np
 # controller pays for it.
 SPEC_STEP_OVERHEAD = 0.05
 
+# At most this many step_time results kept (batch sizes up to a few thousand times the lengths).
+STEP_TIMES_CACHED = 16384
+
 
 @dataclass(frozen=True)
 class CostTable:
@@ -60,6 +63,10 @@ class CostTable:
         if (self.drafter_sample_s is not None
                 and len(self.drafter_sample_s) != len(self.token_counts)):
             raise ValueError("CostTable needs one drafter sampling time per token count")
+        # step_time's results: the controller asks for the same few (batch size, length) pairs
+        # every engine step, and each answer costs several interpolations. Not a field: not
+        # compared, hashed or written by to_json.
+        object.__setattr__(self, "_step_times", {})
 
     @staticmethod
     def _interp(xs, ys, x: float) -> float:
@@ -86,6 +93,15 @@ class CostTable:
         return self._interp(self.token_counts, self.drafter_sample_s, rows)
 
     def step_time(self, num_reqs: int, k: int) -> float:
+        key = (num_reqs, k)
+        seconds = self._step_times.get(key)
+        if seconds is None:
+            if len(self._step_times) >= STEP_TIMES_CACHED:
+                self._step_times.clear()
+            seconds = self._step_times[key] = self._step_time(num_reqs, k)
+        return seconds
+
+    def _step_time(self, num_reqs: int, k: int) -> float:
         n = max(num_reqs, 1)
         if k <= 0:
             if not self.drafter_syncs_at_zero:
