@@ -44,14 +44,21 @@ def choose_draft_length(rates: np.ndarray, cost: StepCost, allowed: Sequence[int
     rates = np.clip(np.atleast_2d(np.asarray(rates, dtype=float)), 0.0, 1.0)
     n = rates.shape[0]
     max_k = rates.shape[1]
+    lengths = sorted(set(allowed))
+    # expected_tokens for every length from one cumulative product, not one per length: the
+    # controller calls this every engine step. A running product's prefix is the product of the
+    # prefix, so each length's E_r(k) is what expected_tokens(rates, k) computes
+    # (tests/test_adaptive_equivalence.py compares with the per-length code).
+    reach = np.cumprod(rates[:, :lengths[-1]], axis=1) if lengths and lengths[-1] > 0 else None
     scores: dict[int, float] = {}
-    for k in sorted(set(allowed)):
+    for k in lengths:
         if k < 0 or k > max_k:
             raise ValueError(f"draft length {k} outside 0..{max_k}")
         seconds = cost.step_time(n, k)
         if seconds <= 0:
             raise ValueError(f"step time for n={n}, k={k} must be positive, got {seconds}")
-        scores[k] = float(expected_tokens(rates, k).sum() / seconds)
+        tokens = float(n) if k == 0 else (1.0 + reach[:, :k].sum(axis=1)).sum()
+        scores[k] = float(tokens / seconds)
     best = min(scores)
     for k in sorted(scores):
         if scores[k] > scores[best] * (1.0 + min_gain):
