@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec_plugin.adaptive.request_rows import RequestRows
+from specdec_plugin.adaptive.request_rows import ACCEPTED, TESTED, RequestRows
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,8 @@ class AcceptanceTracker:
         k = settings.max_k
         self.tested = np.zeros(k)
         self.accepted = np.zeros(k)
-        self._step_tested = np.zeros(k)
-        self._step_accepted = np.zeros(k)
+        # This step's engine-wide counts so far: tested, accepted.
+        self._step_counts = np.zeros((2, k))
         self._rows = RequestRows(k)
         self._positions = np.arange(k)
         # (req_id, drafted, accepted) reported since the last fold.
@@ -77,50 +77,53 @@ class AcceptanceTracker:
         if not pending:
             return
         self._pending = []
-        k = self.settings.max_k
-        drafted = np.minimum(np.array([p[1] for p in pending], dtype=np.int64), k)
-        accepted = np.clip(np.array([p[2] for p in pending], dtype=np.int64), 0, drafted)
+        req_ids, drafted, accepted = zip(*pending)
+        drafted = np.minimum(np.array(drafted, dtype=np.int64), self.settings.max_k)
+        accepted = np.minimum(np.maximum(np.array(accepted, dtype=np.int64), 0), drafted)
         keep = drafted > 0
         if not keep.all():  # only with max_k = 0
-            pending = [p for p, kept in zip(pending, keep) if kept]
+            req_ids = [r for r, kept in zip(req_ids, keep) if kept]
             drafted, accepted = drafted[keep], accepted[keep]
-            if not pending:
+            if not req_ids:
                 return
         # Positions 1..m accepted, m+1 rejected if drafted: tested are the first min(d, m+1).
-        new_tested = (self._positions < np.minimum(drafted, accepted + 1)[:, None]).astype(float)
-        new_accepted = (self._positions < accepted[:, None]).astype(float)
+        # new[i, TESTED] and new[i, ACCEPTED]: 1 at the positions counted, [n, 2, K].
+        limits = np.empty((len(req_ids), 2), dtype=np.int64)
+        limits[:, TESTED] = np.minimum(drafted, accepted + 1)
+        limits[:, ACCEPTED] = accepted
+        new = (self._positions < limits[:, :, None]).astype(float)
         # Sums of zeros and ones: exact in any order, so equal to adding them one by one.
-        self._step_tested += new_tested.sum(axis=0)
-        self._step_accepted += new_accepted.sum(axis=0)
-        rows = [self._rows.row(p[0]) for p in pending]
+        self._step_counts += new.sum(axis=0)
+        get = self._rows.index.get
+        rows = [get(req_id) for req_id in req_ids]
+        if None in rows:  # new requests: rows for them (once for one reported twice)
+            rows = [self._rows.row(req_id) for req_id in req_ids]
         if len(set(rows)) == len(rows):
-            self._fold_rows(rows, new_tested, new_accepted)
+            self._fold_rows(rows, new)
             return
         # A request reported twice before a fold decays twice, as it did folded one by one:
         # fold in runs in which no request repeats.
         start, seen = 0, set()
-        for i, row in enumerate(rows):
-            if row in seen:
-                self._fold_rows(rows[start:i], new_tested[start:i], new_accepted[start:i])
+        for i, r in enumerate(rows):
+            if r in seen:
+                self._fold_rows(rows[start:i], new[start:i])
                 start, seen = i, set()
-            seen.add(row)
-        self._fold_rows(rows[start:], new_tested[start:], new_accepted[start:])
+            seen.add(r)
+        self._fold_rows(rows[start:], new[start:])
 
-    def _fold_rows(self, rows, new_tested: np.ndarray, new_accepted: np.ndarray) -> None:
-        decay = self.settings.decay
-        tested, accepted = self._rows.tested, self._rows.accepted
-        tested[rows] = tested[rows] * decay + new_tested
-        accepted[rows] = accepted[rows] * decay + new_accepted
+    def _fold_rows(self, rows, new: np.ndarray) -> None:
+        counts = self._rows.counts
+        counts[rows] = counts[rows] * self.settings.decay + new
 
     def end_step(self) -> None:
         """Fold this step's observations into the engine-wide counts."""
         self._fold()
-        if self._step_tested.any():
+        step = self._step_counts
+        if step[TESTED].any():
             decay = self.settings.decay
-            self.tested = self.tested * decay + self._step_tested
-            self.accepted = self.accepted * decay + self._step_accepted
-            self._step_tested = np.zeros_like(self._step_tested)
-            self._step_accepted = np.zeros_like(self._step_accepted)
+            self.tested = self.tested * decay + step[TESTED]
+            self.accepted = self.accepted * decay + step[ACCEPTED]
+            self._step_counts = np.zeros_like(step)
             self._engine_rates = None
 
     def forget(self, req_id: str) -> None:
@@ -144,17 +147,20 @@ class AcceptanceTracker:
         the engine-wide rates."""
         self._fold()
         engine = self._engine()
-        index = self._rows.index
-        rows = [index.get(req_id, -1) for req_id in req_ids]
+        get = self._rows.index.get
+        rows = [get(req_id, -1) for req_id in req_ids]
         if not rows:
             return engine[None, :].copy()
+        w = self.settings.request_prior_weight
+        counts = self._rows.counts
+        if -1 not in rows:  # the usual step: every request has history
+            own = counts[rows]
+            return (own[:, ACCEPTED] + engine * w) / (own[:, TESTED] + w)
         out = np.empty((len(rows), len(engine)))
         out[:] = engine
         known = np.array(rows)
         where = np.flatnonzero(known >= 0)
         if len(where):
-            own = known[where]
-            w = self.settings.request_prior_weight
-            out[where] = ((self._rows.accepted[own] + engine * w)
-                          / (self._rows.tested[own] + w))
+            own = counts[known[where]]
+            out[where] = (own[:, ACCEPTED] + engine * w) / (own[:, TESTED] + w)
         return out

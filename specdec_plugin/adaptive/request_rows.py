@@ -6,7 +6,8 @@ each fold is several numpy calls of a few microseconds on a tiny array, and at b
 made most of the controller's host time per step. As rows of one array, a step's fold and the
 batch's gather are one fancy-indexed operation each.
 
-A row is zero whenever it is free (``release`` clears it), so a new request's first fold,
+A row holds the request's tested counts and accepted counts, [2, K], so that one gather and one
+scatter move both. A row is zero whenever it is free (``release`` clears it), so a new request's first fold,
 ``old * decay + new``, gives exactly ``new``: what a fresh per-request array gave.
 """
 from __future__ import annotations
@@ -14,13 +15,13 @@ from __future__ import annotations
 import numpy as np
 
 INITIAL_ROWS = 64
+TESTED, ACCEPTED = 0, 1
 
 
 class RequestRows:
     def __init__(self, width: int, initial_rows: int = INITIAL_ROWS):
         self.width = width
-        self.tested = np.zeros((initial_rows, width))
-        self.accepted = np.zeros((initial_rows, width))
+        self.counts = np.zeros((initial_rows, 2, width))
         self.index: dict[str, int] = {}
         # Free rows, popped from the end: the lowest rows are reused first, which keeps the
         # rows a batch gathers close together.
@@ -45,17 +46,15 @@ class RequestRows:
     def release(self, req_id: str) -> None:
         row = self.index.pop(req_id, None)
         if row is not None:
-            self.tested[row] = 0.0
-            self.accepted[row] = 0.0
+            self.counts[row] = 0.0
             self._free.append(row)
 
     def _grow(self) -> None:
         # Doubling: a server that admits more requests than the initial rows pays a copy a
         # handful of times, not per request.
-        old = self.tested.shape[0]
+        old = self.counts.shape[0]
         new = max(2 * old, 1)
-        for name in ("tested", "accepted"):
-            grown = np.zeros((new, self.width))
-            grown[:old] = getattr(self, name)
-            setattr(self, name, grown)
+        grown = np.zeros((new, 2, self.width))
+        grown[:old] = self.counts
+        self.counts = grown
         self._free.extend(range(new - 1, old - 1, -1))
