@@ -1,4 +1,4 @@
-"""Per-request counts as rows of two preallocated 2-D arrays, found by request id.
+"""Per-request counts as rows of one preallocated array, found by request id.
 
 Why: the acceptance tracker (``acceptance.py``) folds every request's verification result
 into that request's counts once per engine step. Kept as one small numpy array per request,
@@ -6,9 +6,10 @@ each fold is several numpy calls of a few microseconds on a tiny array, and at b
 made most of the controller's host time per step. As rows of one array, a step's fold and the
 batch's gather are one fancy-indexed operation each.
 
-A row holds the request's tested counts and accepted counts, [2, K], so that one gather and one
-scatter move both. A row is zero whenever it is free (``release`` clears it), so a new request's first fold,
-``old * decay + new``, gives exactly ``new``: what a fresh per-request array gave.
+A row holds the request's tested counts and accepted counts, [2, K], so that one gather and
+one scatter move both. A row is zero whenever it is free (``release`` clears it), so a new
+request's first fold, ``old * decay + new``, gives exactly ``new``: what a fresh per-request
+array gave.
 """
 from __future__ import annotations
 
