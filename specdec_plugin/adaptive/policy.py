@@ -57,7 +57,10 @@ def choose_draft_length(rates: np.ndarray, cost: StepCost, allowed: Sequence[int
         seconds = cost.step_time(n, k)
         if seconds <= 0:
             raise ValueError(f"step time for n={n}, k={k} must be positive, got {seconds}")
-        tokens = float(n) if k == 0 else (1.0 + reach[:, :k].sum(axis=1)).sum()
+        if k == 0:
+            tokens = float(n)
+        else:  # (1 + reach.sum(axis=1)).sum(), by the ufunc that ndarray.sum calls: less wrapping
+            tokens = np.add.reduce(1.0 + np.add.reduce(reach[:, :k], axis=1))
         scores[k] = float(tokens / seconds)
     best = min(scores)
     for k in sorted(scores):
