@@ -59,7 +59,14 @@ class AcceptanceTracker:
         # This step's engine-wide counts so far: tested, accepted.
         self._step_counts = np.zeros((2, k))
         self._rows = RequestRows(k)
-        self._positions = np.arange(k)
+        # The new counts of a draft of d tokens with m accepted, [2, K], at d * (K + 1) + m:
+        # looked up for a whole step at once rather than built per observation. Positions
+        # 1..m accepted, m+1 rejected if drafted: tested are the first min(d, m + 1).
+        drafted, accepted = np.divmod(np.arange((k + 1) ** 2), k + 1)
+        limits = np.empty(((k + 1) ** 2, 2), dtype=np.int64)
+        limits[:, TESTED] = np.minimum(drafted, accepted + 1)
+        limits[:, ACCEPTED] = accepted
+        self._new_counts = (np.arange(k) < limits[:, :, None]).astype(float)
         # (req_id, drafted, accepted) reported since the last fold.
         self._pending: list[tuple[str, int, int]] = []
         # engine_rates() of the current engine counts; None once they change.
@@ -86,12 +93,7 @@ class AcceptanceTracker:
             drafted, accepted = drafted[keep], accepted[keep]
             if not req_ids:
                 return
-        # Positions 1..m accepted, m+1 rejected if drafted: tested are the first min(d, m+1).
-        # new[i, TESTED] and new[i, ACCEPTED]: 1 at the positions counted, [n, 2, K].
-        limits = np.empty((len(req_ids), 2), dtype=np.int64)
-        limits[:, TESTED] = np.minimum(drafted, accepted + 1)
-        limits[:, ACCEPTED] = accepted
-        new = (self._positions < limits[:, :, None]).astype(float)
+        new = self._new_counts[drafted * (self.settings.max_k + 1) + accepted]
         # Sums of zeros and ones: exact in any order, so equal to adding them one by one.
         self._step_counts += new.sum(axis=0)
         get = self._rows.index.get
