@@ -24,15 +24,9 @@ class RequestRows:
         self.width = width
         self.counts = np.zeros((initial_rows, 2, width))
         self.index: dict[str, int] = {}
-        # Free rows, popped from the end: the lowest rows are reused first, which keeps the
-        # rows a batch gathers close together.
+        # Free rows, popped from the end: released rows first, then untouched ones from the
+        # lowest up, so that the rows a batch gathers stay close together.
         self._free = list(range(initial_rows - 1, -1, -1))
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def __contains__(self, req_id: str) -> bool:
-        return req_id in self.index
 
     def row(self, req_id: str) -> int:
         """The request's row, allocated (zero) if it has none."""
