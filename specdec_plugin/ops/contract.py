@@ -38,6 +38,25 @@ def same_device(op: str, anchor: torch.Tensor, **tensors: torch.Tensor | None) -
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
+class PassedStructure:
+    """The structural signature one validator's shape/dtype/stride/device checks last passed.
+
+    A validator builds the signature from exactly the tensor properties its structural checks
+    read (shapes, the strides it tests, dtypes, ``get_device()``), so those checks are a pure
+    function of it: an equal signature would pass them again, and they are skipped. The checks
+    cost ~25 Python-level tensor calls and comparisons per kernel call, while the layers of an
+    eager step pass tensors of one structure (new objects each layer, so identity cannot tell).
+    Only a signature that passed is kept, so a bad input fails exactly as before, on every
+    call. Integer arguments are not part of it: their checks are cheap and always run.
+    Properties only, never ids or data pointers: nothing here can go stale, inference tensors
+    included (they keep no version counter)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: tuple | None = None
+
+
 class CheckedValues:
     """The inputs whose values one validator read last, so that it reads them once per step
     rather than once per layer: every layer of a step passes the same index tensors (the same

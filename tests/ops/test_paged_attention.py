@@ -362,6 +362,51 @@ def test_contract_rejects_mismatched_inputs(op, provider):
     })
 
 
+def _head_dim_strided(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its shape and values but no unit stride in the last dimension."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+@pytest.mark.parametrize("op,provider", ATTENTION_PROVIDERS)
+def test_contract_rejects_a_bad_input_right_after_a_good_one(op, provider):
+    """The structural checks are skipped for tensors of the structure that passed last
+    (validate.py: PassedStructure): each bad input, right after a good call, must still fail,
+    and fail again on a repeat (a failing structure is never remembered)."""
+    attention, case = kernel(op, provider), _contract_case(provider)
+    nan_out = lambda: torch.full_like(case["query"], float("nan"))  # noqa: E731
+    out = nan_out()
+    bad = {
+        "out shape": dict(out=out[:, :2]),
+        "out dtype": dict(out=out.double()),
+        "cache dtype": dict(key_cache=case["key_cache"].double(),
+                            value_cache=case["value_cache"].double()),
+        "value cache shape": dict(value_cache=case["value_cache"][:-1]),
+        "head size": dict(query=case["query"][..., :16], out=out[..., :16]),
+        "query head stride": dict(query=_head_dim_strided(case["query"])),
+        "out head stride": dict(out=_head_dim_strided(out)),
+        "cache head stride": dict(key_cache=_head_dim_strided(case["key_cache"])),
+        "index dtype": dict(seq_lens=case["seq_lens"].long()),
+        "block_table 1-D": dict(block_table=case["block_table"][0]),
+        "seq_lens longer than query_start_loc":
+            dict(query_start_loc=case["query_start_loc"][:2]),
+        # Same tensors as the good call: only the integer arguments are wrong.
+        "max_query_len past the query rows": dict(max_query_len=case["query"].shape[0] + 1),
+        "negative max_seq_len": dict(max_seq_len=-1),
+    }
+    for what, change in bad.items():
+        attention(**case, out=nan_out())
+        for _ in range(2):
+            try:
+                attention(**{**case, "out": out, **change})
+            except ContractError:
+                continue
+            pytest.fail(f"accepted after a good call: {what}")
+    assert torch.isnan(out).all()  # rejected before anything was written
+    good = nan_out()
+    attention(**case, out=good)
+    check_written(good, case)
+
+
 @pytest.mark.parametrize("op,provider", [p for p in host_providers(FOLDER)
                                          if p.values[0] == "paged_attention"])
 def test_contract_rejects_out_of_range_lengths_and_blocks(op, provider):

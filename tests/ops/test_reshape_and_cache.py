@@ -147,6 +147,38 @@ def test_contract_rejects_mismatched_shapes(op, provider):
     assert torch.equal(key_cache, before)
 
 
+@pytest.mark.parametrize("op,provider", every_provider(FOLDER))
+def test_contract_rejects_a_bad_input_right_after_a_good_one(op, provider):
+    """The structural checks are skipped for tensors of the structure that passed last
+    (validate.py: PassedStructure): each bad input, right after a good call, must still fail,
+    and fail again on a repeat (a failing structure is never remembered)."""
+    write = kernel(op, provider)
+    key, value, key_cache, value_cache, slot_mapping = make_case(
+        5, 2, 32, 16, 3, torch.float32, torch.float32, device_for(provider), seed=7)
+    good = (key, value, key_cache, value_cache, slot_mapping)
+    strided = lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2)  # noqa: E731
+    bad = {
+        "more slots than key rows": (key[:3], value[:3], key_cache, value_cache, slot_mapping),
+        "key heads": (key[:, :1], value[:, :1], key_cache, value_cache, slot_mapping),
+        "value shape": (key, value[:, :, :16], key_cache, value_cache, slot_mapping),
+        "cache shapes": (key, value, key_cache, value_cache[:2], slot_mapping),
+        "slot dtype": (key, value, key_cache, value_cache, slot_mapping.float()),
+        "slot_mapping 2-D": (key, value, key_cache, value_cache, slot_mapping[None]),
+        "key head stride": (strided(key), value, key_cache, value_cache, slot_mapping),
+        "value cache head stride": (key, value, key_cache, strided(value_cache), slot_mapping),
+    }
+    for what, args in bad.items():
+        write(*good)
+        before = key_cache.clone(), value_cache.clone()
+        for _ in range(2):
+            try:
+                write(*args)
+            except ContractError:
+                continue
+            pytest.fail(f"accepted after a good call: {what}")
+        assert torch.equal(key_cache, before[0]) and torch.equal(value_cache, before[1])
+
+
 @pytest.mark.parametrize("op,provider", host_providers(FOLDER))
 def test_contract_rejects_slot_past_the_cache(op, provider):
     key, value, key_cache, value_cache, slot_mapping = make_case(

@@ -3,16 +3,64 @@ from __future__ import annotations
 
 import torch
 
-from specdec_plugin.ops.contract import CheckedValues, fail, same_device, values_on_host
+from specdec_plugin.ops.contract import (CheckedValues, PassedStructure, fail, same_device,
+                                         values_on_host)
 
 _OP = "paged_attention"
 _checked = CheckedValues()  # the layers of one step share their metadata tensors
+_structure = PassedStructure()  # ... and the shapes of their query, output and caches
 
 
 def check_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
                           value_cache: torch.Tensor, block_table: torch.Tensor,
                           query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                           out: torch.Tensor, max_query_len: int, max_seq_len: int) -> None:
+    try:
+        q_shape, kc_shape, sl_shape = query.shape, key_cache.shape, seq_lens.shape
+        # Every tensor property _check_structure reads, and nothing else (PassedStructure).
+        signature = (
+            q_shape, query.stride(), query.dtype, query.get_device(),
+            kc_shape, key_cache.stride(), key_cache.dtype, key_cache.get_device(),
+            value_cache.shape, value_cache.stride(), value_cache.dtype, value_cache.get_device(),
+            out.shape, out.stride(), out.dtype, out.get_device(),
+            block_table.shape, block_table.dtype, block_table.get_device(),
+            query_start_loc.shape, query_start_loc.dtype, query_start_loc.get_device(),
+            sl_shape, seq_lens.dtype, seq_lens.get_device(),
+        )
+    except Exception:  # e.g. a layout without strides, not a tensor: the full checks decide
+        signature = None
+    if signature is None or signature != _structure.last:
+        _check_structure(query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
+                         out, max_query_len, max_seq_len)
+        if signature is None:  # passed all the same: read the shapes the plain way
+            q_shape, kc_shape, sl_shape = query.shape, key_cache.shape, seq_lens.shape
+        else:
+            _structure.last = signature
+    elif max_query_len < 0 or max_seq_len < 0 or max_query_len > q_shape[0]:
+        # The one structural check that also reads the integer arguments: runs every call.
+        _fail_lengths(query, max_query_len, max_seq_len)
+    num_seqs = sl_shape[0]
+    if num_seqs and values_on_host(query):
+        indices = (block_table, query_start_loc, seq_lens)
+        sizes = (q_shape[0], kc_shape[0], kc_shape[1], max_query_len, max_seq_len)
+        if not _checked.seen(indices, *sizes):
+            _check_lengths(q_shape[0], kc_shape[0], kc_shape[1], block_table,
+                           query_start_loc[: num_seqs + 1], seq_lens, max_query_len,
+                           max_seq_len)
+            _checked.passed(indices, *sizes)
+
+
+def _fail_lengths(query: torch.Tensor, max_query_len: int, max_seq_len: int) -> None:
+    fail(_OP, f"max_query_len {max_query_len} / max_seq_len {max_seq_len} out of range "
+              f"for {query.shape[0]} query rows")
+
+
+def _check_structure(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     block_table: torch.Tensor, query_start_loc: torch.Tensor,
+                     seq_lens: torch.Tensor, out: torch.Tensor, max_query_len: int,
+                     max_seq_len: int) -> None:
+    """Shapes, dtypes, strides, devices and the integer arguments, in the order they were
+    always checked (so the first error a bad input meets is the same)."""
     if query.dim() != 3 or key_cache.dim() != 4:
         fail(_OP, f"query must be [tokens, q_heads, head] and the caches [blocks, block_size, "
                   f"kv_heads, head]; got {tuple(query.shape)} and {tuple(key_cache.shape)}")
@@ -42,19 +90,9 @@ def check_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
                   f"block_table rows {num_seqs}; got {query_start_loc.shape[0]} and "
                   f"{block_table.shape[0]}")
     if max_query_len < 0 or max_seq_len < 0 or max_query_len > query.shape[0]:
-        fail(_OP, f"max_query_len {max_query_len} / max_seq_len {max_seq_len} out of range "
-                  f"for {query.shape[0]} query rows")
+        _fail_lengths(query, max_query_len, max_seq_len)
     same_device(_OP, query, key_cache=key_cache, value_cache=value_cache, out=out,
                 block_table=block_table, query_start_loc=query_start_loc, seq_lens=seq_lens)
-    if num_seqs and values_on_host(query):
-        indices = (block_table, query_start_loc, seq_lens)
-        sizes = (query.shape[0], key_cache.shape[0], key_cache.shape[1], max_query_len,
-                 max_seq_len)
-        if not _checked.seen(indices, *sizes):
-            _check_lengths(query.shape[0], key_cache.shape[0], key_cache.shape[1], block_table,
-                           query_start_loc[: num_seqs + 1], seq_lens, max_query_len,
-                           max_seq_len)
-            _checked.passed(indices, *sizes)
 
 
 def _check_lengths(num_tokens: int, num_blocks: int, block_size: int, block_table, qsl,
