@@ -1,7 +1,6 @@
 """The paged-attention contract (package docstring) as one check every provider runs first."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from specdec_plugin.ops.contract import (CheckedValues, PassedStructure, fail, same_device,
@@ -98,25 +97,20 @@ def _check_structure(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
 
 def _check_lengths(num_tokens: int, num_blocks: int, block_size: int, block_table, qsl,
                    seq_lens, max_query_len: int, max_seq_len: int) -> None:
-    """Values, host memory only: every read a provider makes stays inside its tensor.
-
-    On numpy views of the same memory: under vLLM's ``inference_mode`` ``CheckedValues``
-    cannot skip a repeat (no version counter), so this runs in every layer of a CPU step, and
-    a dozen torch ops on a few integers cost ~40-60 us there against ~10 us in numpy."""
-    qsl, seq_lens = qsl.numpy(), seq_lens.numpy()
-    blocks = block_table[: seq_lens.shape[0]].numpy()
+    """Values, host memory only: every read a provider makes stays inside its tensor."""
     q_lens = qsl[1:] - qsl[:-1]
-    if (q_lens < 0).any() or int(qsl[0]) < 0 or int(qsl[-1]) > num_tokens:
+    if bool((q_lens < 0).any()) or int(qsl[0]) < 0 or int(qsl[-1]) > num_tokens:
         fail(_OP, f"query_start_loc must be non-decreasing within [0, {num_tokens}]")
-    if (q_lens > seq_lens).any() or (q_lens > max_query_len).any() \
-            or (seq_lens > max_seq_len).any():
+    if bool((q_lens > seq_lens).any()) or bool((q_lens > max_query_len).any()) \
+            or bool((seq_lens > max_seq_len).any()):
         fail(_OP, f"every request needs q_len <= seq_len, q_len <= max_query_len "
                   f"{max_query_len} and seq_len <= max_seq_len {max_seq_len}")
     # max_seq_len is only an upper bound (a captured graph passes max_model_len); what a
     # request reads is the first ceil(seq_len / block_size) blocks of its row.
-    if (seq_lens > block_table.shape[1] * block_size).any():
+    if bool((seq_lens > block_table.shape[1] * block_size).any()):
         fail(_OP, f"a seq_len is past the block table's {block_table.shape[1]} blocks of "
                   f"{block_size}")
-    used = np.arange(blocks.shape[1]) * block_size < seq_lens[:, None]
-    if (used & ((blocks < 0) | (blocks >= num_blocks))).any():
+    used = torch.arange(block_table.shape[1]) * block_size < seq_lens[:, None]
+    blocks = block_table[: seq_lens.shape[0]]
+    if bool((used & ((blocks < 0) | (blocks >= num_blocks))).any()):
         fail(_OP, f"a block_table entry a request reads is outside [0, {num_blocks})")
