@@ -169,14 +169,19 @@ def fill_unmatched(drafts: torch.Tensor, counts: torch.Tensor, token_ids: torch.
     return torch.where(matched, drafts, last.to(drafts.dtype).unsqueeze(1))
 
 
-def pads_device_drafts(vllm_config) -> bool:
-    """Uniform draft lengths for the device n-gram path (``SPECDEC_UNIFORM_DRAFTS=1`` with
-    adaptive drafting, as for the host proposers in adaptive/uniform_drafts.py)."""
+def runner_pads_drafts(vllm_config) -> bool:
+    """Whether a runner path that makes drafts verifies filler instead of trimming
+    (``SPECDEC_UNIFORM_DRAFTS=1`` with adaptive drafting, whose scheduler counts the filler, as
+    for the host proposers in adaptive/uniform_drafts.py)."""
     from specdec_plugin.adaptive.config import adaptive_enabled
 
+    return envs.uniform_drafts() and adaptive_enabled(vllm_config)
+
+
+def pads_device_drafts(vllm_config) -> bool:
+    """Uniform draft lengths for the device n-gram path."""
     spec = vllm_config.speculative_config
-    return (envs.uniform_drafts() and spec is not None and spec.use_ngram_gpu()
-            and adaptive_enabled(vllm_config))
+    return runner_pads_drafts(vllm_config) and spec is not None and spec.use_ngram_gpu()
 
 
 # The attributes of ModelRunnerOutput that carry, to the scheduler, the draft slots the runner

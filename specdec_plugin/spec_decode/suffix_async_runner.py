@@ -38,7 +38,8 @@ from dataclasses import replace
 
 import torch
 
-from specdec_plugin import envs
+from specdec_plugin.adaptive.uniform_drafts import padded_draft
+from specdec_plugin.spec_decode.ngram_device import runner_pads_drafts
 from specdec_plugin.spec_decode.suffix_lazy import LazySuffixDrafts
 
 _UNSET = object()
@@ -56,14 +57,6 @@ def accepted_counts(sampled: torch.Tensor, discard: torch.Tensor, vocab_size: in
     return torch.where(counts > 0, last, torch.zeros_like(last)), counts
 
 
-def pads_async_suffix_drafts(vllm_config) -> bool:
-    """Uniform draft lengths for suffix decoding under async scheduling (with adaptive
-    drafting, whose scheduler counts the filler, as for the other padded paths)."""
-    from specdec_plugin.adaptive.config import adaptive_enabled
-
-    return envs.uniform_drafts() and adaptive_enabled(vllm_config)
-
-
 class SuffixAsyncMixin:
     _suffix_state = _UNSET
     _suffix_pads: bool = False
@@ -77,7 +70,7 @@ class SuffixAsyncMixin:
                       and self.use_async_scheduling)
             self._suffix_state = (LazySuffixDrafts(self.drafter, self.input_batch.vocab_size)
                                   if active else None)
-            self._suffix_pads = active and pads_async_suffix_drafts(self.vllm_config)
+            self._suffix_pads = active and runner_pads_drafts(self.vllm_config)
         return self._suffix_state
 
     def execute_model(self, scheduler_output, intermediate_tensors=None):
@@ -103,13 +96,10 @@ class SuffixAsyncMixin:
                        drafts: dict[str, list[int]]) -> dict[str, list[int]]:
         """Each draft filled up to its reserved slots with the request's newest token; the
         filler counts go to the scheduler with this step's output (``specdec_filler_drafts``)."""
-        padded, filler = {}, {}
-        for req_id, slots in reserved.items():
-            draft = list(drafts[req_id])
-            if len(draft) < slots:
-                filler[req_id] = slots - len(draft)
-                draft += [lazy.last_token(req_id)] * filler[req_id]
-            padded[req_id] = draft
+        padded = {req_id: padded_draft(drafts[req_id], slots, lazy.last_token(req_id))
+                  for req_id, slots in reserved.items()}
+        filler = {req_id: slots - len(drafts[req_id]) for req_id, slots in reserved.items()
+                  if len(drafts[req_id]) < slots}
         self._specdec_filler = filler or None
         return padded
 

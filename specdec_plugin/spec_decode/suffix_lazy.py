@@ -155,7 +155,6 @@ class LazySuffixDrafts:
             self.drafting_steps += rec.k > 0 and bool(made)
         return {req_id: made.get(req_id, []) for req_id in reserved}
 
-
     def last_token(self, req_id: str) -> int:
         """The newest token of ``req_id`` that an applied record sampled (0 if none): after
         ``drafts``, the token the next step's drafts follow."""
