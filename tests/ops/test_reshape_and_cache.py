@@ -125,19 +125,24 @@ def test_all_padding_or_empty_writes_nothing(op, provider):
     assert torch.equal(key_cache, before[0]) and torch.equal(value_cache, before[1])
 
 
-@pytest.mark.parametrize("op,provider", every_provider(FOLDER))
-def test_contract_rejects_mismatched_shapes(op, provider):
-    write = kernel(op, provider)
-    key, value, key_cache, value_cache, slot_mapping = make_case(
-        5, 2, 32, 16, 3, torch.float32, torch.float32, device_for(provider), seed=5)
-    before = key_cache.clone()
-    bad = {
+def _mismatched(key, value, key_cache, value_cache, slot_mapping) -> dict[str, tuple]:
+    """Argument tuples, each with one shape or dtype the contract rejects."""
+    return {
         "more slots than key rows": (key[:3], value[:3], key_cache, value_cache, slot_mapping),
         "key heads": (key[:, :1], value[:, :1], key_cache, value_cache, slot_mapping),
         "value shape": (key, value[:, :, :16], key_cache, value_cache, slot_mapping),
         "cache shapes": (key, value, key_cache, value_cache[:2], slot_mapping),
         "slot dtype": (key, value, key_cache, value_cache, slot_mapping.float()),
     }
+
+
+@pytest.mark.parametrize("op,provider", every_provider(FOLDER))
+def test_contract_rejects_mismatched_shapes(op, provider):
+    write = kernel(op, provider)
+    key, value, key_cache, value_cache, slot_mapping = make_case(
+        5, 2, 32, 16, 3, torch.float32, torch.float32, device_for(provider), seed=5)
+    before = key_cache.clone()
+    bad = _mismatched(key, value, key_cache, value_cache, slot_mapping)
     for what, args in bad.items():
         try:
             write(*args)
@@ -158,11 +163,7 @@ def test_contract_rejects_a_bad_input_right_after_a_good_one(op, provider):
     good = (key, value, key_cache, value_cache, slot_mapping)
     strided = lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2)  # noqa: E731
     bad = {
-        "more slots than key rows": (key[:3], value[:3], key_cache, value_cache, slot_mapping),
-        "key heads": (key[:, :1], value[:, :1], key_cache, value_cache, slot_mapping),
-        "value shape": (key, value[:, :, :16], key_cache, value_cache, slot_mapping),
-        "cache shapes": (key, value, key_cache, value_cache[:2], slot_mapping),
-        "slot dtype": (key, value, key_cache, value_cache, slot_mapping.float()),
+        **_mismatched(key, value, key_cache, value_cache, slot_mapping),
         "slot_mapping 2-D": (key, value, key_cache, value_cache, slot_mapping[None]),
         "key head stride": (strided(key), value, key_cache, value_cache, slot_mapping),
         "value cache head stride": (key, value, key_cache, strided(value_cache), slot_mapping),
