@@ -20,10 +20,24 @@ def run_jobs(jobs: dict[str, dict], default_log: str) -> dict[str, dict]:
         futures = {name: pool.submit(run_in_subprocess, job, 1500, log)
                    for name, job in jobs.items()}
         out = {name: future.result() for name, future in futures.items()}
-    if os.environ.get("SPECDEC_GPU_REPORT"):
-        with open(os.environ["SPECDEC_GPU_REPORT"], "w") as f:
-            json.dump(out, f, indent=1)
+    save_report(out)
     return out
+
+
+def save_report(results: dict) -> None:
+    """Add ``results`` to the JSON file ``SPECDEC_GPU_REPORT`` names, if set. Added, not
+    overwritten: one pytest run of several GPU test files shares the file (session 16's lease
+    kept only the last file's engines)."""
+    path = os.environ.get("SPECDEC_GPU_REPORT")
+    if not path:
+        return
+    report = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            report = json.load(f)
+    report.update(results)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
 
 
 def single_batch(results: dict, name: str) -> dict:

@@ -21,7 +21,6 @@ Each engine runs in its own process (tests/engine_runner.py), several at once on
 """
 from __future__ import annotations
 
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -112,6 +111,7 @@ def _jobs(smollm2: str) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def results():
     from tests.engine_runner import run_in_subprocess
+    from tests.gpu.engine_jobs import save_report
 
     from specdec_plugin.models import fetch_smollm2
 
@@ -122,9 +122,7 @@ def results():
         futures = {name: pool.submit(run_in_subprocess, job, 1500, log) for name, job in jobs.items()}
         out = {name: future.result() for name, future in futures.items()}
     out["_smollm2"] = smollm2
-    if os.environ.get("SPECDEC_GPU_REPORT"):
-        with open(os.environ["SPECDEC_GPU_REPORT"], "w") as f:
-            json.dump(out, f, indent=1)
+    save_report(out)
     return out
 
 
