@@ -25,6 +25,9 @@
   at engine start, per draft length, by the step times it observes while serving
   (adaptive/observed_cost.py). Default off until measured side by side (session 14: built and
   tested on the CPU, not yet run on a GPU).
+- ``SPECDEC_ADAPTIVE_RESUME_GAIN=<fraction>``: how much more throughput than a plain step
+  drafting must promise before the adaptive controller, once off, drafts again (default 0.10;
+  adaptive/policy.py, hysteresis). ``0`` restores the earlier rule (the same 3% either way).
 - ``SPECDEC_NGRAM_ON_DEVICE=0|1``: where method "ngram" matches: ``1`` on the device (our
   ``ngram_match`` kernel over device-resident token histories, vLLM's ``ngram_gpu`` path, with
   async scheduling where the device has it), ``0`` on the host (our C++ index). Default: the
@@ -115,6 +118,24 @@ def adaptive_drafting() -> bool:
 def adaptive_observed_cost() -> bool:
     # Opt-in until measured (adaptive/observed_cost.py).
     return os.environ.get("SPECDEC_ADAPTIVE_OBSERVED_COST", "0").strip().lower() in _TRUE
+
+
+def adaptive_resume_gain() -> float:
+    """Parsed here so that a typo fails at engine start, naming the variable."""
+    from specdec_plugin.adaptive.policy import RESUME_GAIN
+
+    raw = os.environ.get("SPECDEC_ADAPTIVE_RESUME_GAIN", "").strip()
+    if not raw:
+        return RESUME_GAIN
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 10.0:
+        raise ValueError(f"SPECDEC_ADAPTIVE_RESUME_GAIN={raw!r}: expected a fraction between 0 "
+                         f"and 10, such as 0.1 (drafting must promise 10% more tokens per second "
+                         f"than a plain step to resume); unset it for the default {RESUME_GAIN}")
+    return value
 
 
 def ngram_on_device() -> bool | None:

@@ -104,7 +104,7 @@ def _ref_expected_tokens(rates, k):
     return 1.0 + reach.sum(axis=1)
 
 
-def ref_choose(rates, cost, allowed, min_gain=0.03):
+def ref_choose(rates, cost, allowed, min_gain=0.03, drafting=True, resume_gain=0.10):
     rates = np.clip(np.atleast_2d(np.asarray(rates, dtype=float)), 0.0, 1.0)
     n = rates.shape[0]
     max_k = rates.shape[1]
@@ -120,6 +120,10 @@ def ref_choose(rates, cost, allowed, min_gain=0.03):
     for k in sorted(scores):
         if scores[k] > scores[best] * (1.0 + min_gain):
             best = k
+    # Not part of the earlier code: the hysteresis added later (policy.py), the same rule, so
+    # that the controllers compared here still decide alike.
+    if not drafting and best > 0 and 0 in scores and scores[best] <= scores[0] * (1.0 + resume_gain):
+        best = 0
     return Decision(best, scores)
 
 

@@ -69,6 +69,48 @@ def test_small_gains_go_to_the_shorter_draft():
     assert choose_draft_length(rates(0.07, 0, 0, 0), flat, range(K + 1), min_gain=0.0).k == 1
 
 
+def test_a_marginal_gain_restarts_drafting_only_when_it_clears_the_resume_gain():
+    # Flat table: a one-token draft costs the 5% overhead; acceptance a gains (1 + a) / 1.05.
+    flat = CostTable((1, 1024), (1.0, 1.0))
+    marginal = rates(0.12, 0, 0, 0, n=8)  # predicts +6.7%: inside the table's error
+    clear = rates(0.30, 0, 0, 0, n=8)  # predicts +23.8%
+    for r, gain in ((marginal, 0.067), (clear, 0.238)):
+        scores = choose_draft_length(r, flat, range(K + 1)).tokens_per_s
+        assert scores[1] / scores[0] - 1 == pytest.approx(gain, abs=1e-3)
+    # On: keeps drafting while it gains min_gain. Off: starts only past resume_gain.
+    assert choose_draft_length(marginal, flat, range(K + 1), drafting=True).k == 1
+    assert choose_draft_length(marginal, flat, range(K + 1), drafting=False).k == 0
+    assert choose_draft_length(marginal, flat, range(K + 1), drafting=False, resume_gain=0.0).k == 1
+    assert choose_draft_length(clear, flat, range(K + 1), drafting=False).k == 1
+    # Below min_gain nothing drafts, on or off.
+    assert choose_draft_length(rates(0.07, 0, 0, 0), flat, range(K + 1), drafting=True).k == 0
+
+
+def test_the_controller_once_off_resumes_only_for_a_clear_gain():
+    flat = CostTable((1, 1024), (1.0, 1.0))
+    ids = [f"r{i}" for i in range(25)]
+
+    def controller(resume_gain, accepted_per_step):
+        c = DraftLengthController(K, flat, learn_costs=False, resume_gain=resume_gain)
+        for _ in range(40):  # K-token drafts; the same few requests accept the first each step
+            for i, r in enumerate(ids):
+                c.observe(r, K, 1 if i < accepted_per_step else 0)
+            c.tracker.end_step()
+        c.last_k = 0  # its last regime: plain steps
+        return c
+
+    marginal = controller(0.10, 3)  # 3 of 25 accept: position 1 at about 0.12
+    gain = marginal.choose(ids)
+    decision = choose_draft_length(marginal.tracker.batch_rates(ids), flat, range(K + 1))
+    assert 0.03 < max(decision.tokens_per_s.values()) / decision.tokens_per_s[0] - 1 < 0.10
+    assert gain == 0
+    assert controller(0.0, 3).choose(ids) == 1  # the earlier rule: back on
+    assert controller(0.10, 8).choose(ids) == 1  # 8 of 25: a clear gain
+    on = controller(0.10, 3)
+    on.last_k = 1
+    assert on.choose(ids) == 1  # drafting already: the marginal gain keeps it on
+
+
 def test_only_allowed_lengths_are_chosen():
     assert choose_draft_length(rates(1, 1, 1, 1), GPU_LIKE, (0, 2)).k == 2
     with pytest.raises(ValueError, match="outside"):
@@ -202,3 +244,19 @@ def test_draft_length_metric_counts():
     counts = draft_length_counts([3, 2, 2], num_drafts=3, num_accepted=4, num_generation_tokens=10)
     assert counts == {3: 2, 1: 1, 0: 3}
     assert draft_length_counts([], 0, 0, 5) == {0: 5}
+
+
+def test_the_resume_gain_switch(monkeypatch):
+    from specdec_plugin import envs
+    from specdec_plugin.adaptive.policy import RESUME_GAIN
+
+    monkeypatch.delenv("SPECDEC_ADAPTIVE_RESUME_GAIN", raising=False)
+    assert envs.adaptive_resume_gain() == RESUME_GAIN == 0.10
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_RESUME_GAIN", "0")
+    assert envs.adaptive_resume_gain() == 0.0
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_RESUME_GAIN", " 0.25 ")
+    assert envs.adaptive_resume_gain() == 0.25
+    for bad in ("ten", "-0.1", "nan"):
+        monkeypatch.setenv("SPECDEC_ADAPTIVE_RESUME_GAIN", bad)
+        with pytest.raises(ValueError, match="SPECDEC_ADAPTIVE_RESUME_GAIN"):
+            envs.adaptive_resume_gain()

@@ -14,6 +14,9 @@ Costs: the start-up cost table, corrected by the step times the scheduler observ
 (``observe_step_time``, ``observed_cost.py``) unless ``learn_costs`` is off
 (``SPECDEC_ADAPTIVE_OBSERVED_COST=0``). A probe's verifying step is an observation of its length,
 so probes also tell what drafting costs while the controller is off.
+
+Regimes: once off, drafting must promise ``resume_gain`` over plain steps to start again
+(``policy.py``, hysteresis; ``SPECDEC_ADAPTIVE_RESUME_GAIN``); a new engine starts on.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from typing import Sequence
 from specdec_plugin.adaptive.acceptance import AcceptanceSettings, AcceptanceTracker
 from specdec_plugin.adaptive.cost_model import CostTable
 from specdec_plugin.adaptive.observed_cost import ObservedCost
-from specdec_plugin.adaptive.policy import choose_draft_length
+from specdec_plugin.adaptive.policy import RESUME_GAIN, choose_draft_length
 from specdec_plugin.log import init_logger
 
 logger = init_logger(__name__)
@@ -35,8 +38,10 @@ PROBE_LENGTH = 1
 
 class DraftLengthController:
     def __init__(self, max_k: int, cost: CostTable, allowed: Sequence[int] | None = None,
-                 settings: AcceptanceSettings | None = None, learn_costs: bool = True):
+                 settings: AcceptanceSettings | None = None, learn_costs: bool = True,
+                 resume_gain: float = RESUME_GAIN):
         self.max_k = max_k
+        self.resume_gain = resume_gain
         self.table = cost
         self.observed_cost = ObservedCost(cost) if learn_costs else None
         # What the policy reads: the table, corrected where steps were observed.
@@ -75,7 +80,9 @@ class DraftLengthController:
 
     def choose(self, req_ids: Sequence[str]) -> int:
         self.tracker.end_step()
-        decision = choose_draft_length(self.tracker.batch_rates(req_ids), self.cost, self.allowed)
+        drafting = self.last_k is None or self.last_k > 0
+        decision = choose_draft_length(self.tracker.batch_rates(req_ids), self.cost, self.allowed,
+                                       drafting=drafting, resume_gain=self.resume_gain)
         k = decision.k
         if k == 0:
             self._plain_steps += 1

@@ -9,6 +9,17 @@ acceptance rates a_1..a_K is
 the step takes ``cost.step_time(n, k)``. We pick the k with the most tokens per second over the
 batch. Ties, and gains under ``min_gain``, go to the shorter draft: a longer draft that is not
 clearly better only costs memory traffic and risk.
+
+Hysteresis. While the controller is off (its last regime was plain steps), drafting must
+promise ``resume_gain`` more tokens per second than a plain step before it starts again; while
+on, it keeps drafting as long as it promises ``min_gain``. Why: the prediction is biased towards
+drafting. The cost table times forward passes only, and what else a speculative step costs
+(rejection sampling, the proposer's launches, the scheduler's per-request work on drafts) grows
+with the batch. On the H100 (issue 11, real prompts, SmolLM2 padded to 7B), n-gram at batch
+16-64 predicted gains of 4-10% for one-token drafts (session 15's logs) and ran 5-25% slower
+than plain decoding, flipping on and off at every probe. A gain that small is inside the
+prediction's error; one that large (code editing at batch 1-16 predicted several tens of
+percent) is not.
 """
 from __future__ import annotations
 
@@ -37,10 +48,17 @@ def expected_tokens(rates: np.ndarray, k: int) -> np.ndarray:
     return 1.0 + reach.sum(axis=1)
 
 
+# The defaults: the controller's (controller.py) unless the environment overrides resume_gain.
+MIN_GAIN = 0.03
+RESUME_GAIN = 0.10
+
+
 def choose_draft_length(rates: np.ndarray, cost: StepCost, allowed: Sequence[int],
-                        min_gain: float = 0.03) -> Decision:
+                        min_gain: float = MIN_GAIN, drafting: bool = True,
+                        resume_gain: float = RESUME_GAIN) -> Decision:
     """rates: [n, K] acceptance per request and position; allowed: the lengths to consider
-    (0 means a plain decode step)."""
+    (0 means a plain decode step); drafting: whether the controller's current regime drafts
+    (False: it has been taking plain steps, and drafting must gain ``resume_gain`` to start)."""
     rates = np.clip(np.atleast_2d(np.asarray(rates, dtype=float)), 0.0, 1.0)
     n = rates.shape[0]
     max_k = rates.shape[1]
@@ -66,4 +84,6 @@ def choose_draft_length(rates: np.ndarray, cost: StepCost, allowed: Sequence[int
     for k in sorted(scores):
         if scores[k] > scores[best] * (1.0 + min_gain):
             best = k
+    if not drafting and best > 0 and 0 in scores and scores[best] <= scores[0] * (1.0 + resume_gain):
+        best = 0
     return Decision(best, scores)

@@ -64,8 +64,9 @@ class AdaptiveSchedulerMixin:
         has_drafter_model = spec.use_eagle() or spec.uses_draft_model()
         cost = load_cost_table(self.vllm_config, has_drafter_model)
         learn_costs = envs.adaptive_observed_cost()
-        self.draft_controller = DraftLengthController(self.num_spec_tokens, cost,
-                                                      learn_costs=learn_costs)
+        self.draft_controller = DraftLengthController(
+            self.num_spec_tokens, cost, learn_costs=learn_costs,
+            resume_gain=envs.adaptive_resume_gain())
         self.dynamic_sd_lookup = _AskController(self)
         self._step_timer = StepTimer(cost.step_time) if learn_costs else None
         # Deferred drafter KV sync with prefix caching (spec_decode/deferred_sync.py).
