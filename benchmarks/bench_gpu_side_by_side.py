@@ -156,6 +156,10 @@ BACKENDS = {
     # (adaptive/observed_cost.py): opt-in until measured here.
     "ours-observed": Backend("ours", "specdec_plugin, observed step costs",
                              {"SPECDEC_ADAPTIVE_OBSERVED_COST": "1"}, methods=_DRAFTING),
+    # The adaptive controller without its hysteresis (SPECDEC_ADAPTIVE_RESUME_GAIN=0, the rule
+    # before session 16): drafting resumes at the same 3% predicted gain that keeps it on.
+    "ours-resume0": Backend("ours", "specdec_plugin, no resume margin",
+                            {"SPECDEC_ADAPTIVE_RESUME_GAIN": "0"}, methods=_DRAFTING),
     # What async scheduling is worth to plain decoding: the methods that run without it
     # (suffix, draft model by default) pay at most this.
     "ours-sync": Backend("ours", "specdec_plugin, async scheduling off",
@@ -319,7 +323,8 @@ def main() -> None:
                              "decoding with async scheduling off; ours-uniform / ours-ragged: n-gram "
                              "and suffix with SPECDEC_UNIFORM_DRAFTS=1 / 0; ours-suffix-async: "
                              "suffix decoding under async scheduling, SPECDEC_SUFFIX_ASYNC=1; "
-                             "ours-observed: SPECDEC_ADAPTIVE_OBSERVED_COST=1)")
+                             "ours-observed: SPECDEC_ADAPTIVE_OBSERVED_COST=1; ours-resume0: "
+                             "SPECDEC_ADAPTIVE_RESUME_GAIN=0)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "
                              "run_clock_windows) to tell a slow timed run's cause")
@@ -346,8 +351,9 @@ def main() -> None:
             results[backend] = run_in_subprocess(job, log_path=log)
             results[backend]["run_s"] = round(time.perf_counter() - t0, 1)
             report["engines"][f"{method}/{backend}"] = results[backend]
-            print(f"[{time.strftime('%H:%M:%S')}] {method}/{backend}: "
-                  f"{json.dumps({k: v for k, v in results[backend].items() if k != 'batches'})}",
+            summary = {k: v for k, v in results[backend].items()
+                       if k not in ("batches", "controller_log")}
+            print(f"[{time.strftime('%H:%M:%S')}] {method}/{backend}: {json.dumps(summary)}",
                   flush=True)
             (out / "side_by_side.json").write_text(json.dumps(report, indent=1))
         cells = [str(b) for b in args.batches]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tests.prompts_gpu import chat
 
-_PROSE = [
+PROSE_REQUESTS = [
     "Write a short essay about why people enjoy walking in the mountains.",
     "Tell a story about a lighthouse keeper who finds a message in a bottle.",
     "Describe a busy morning market in a small coastal town.",
@@ -76,7 +76,7 @@ def _edit(code: str, change: str) -> str:
 
 
 WORKLOADS: dict[str, list[str]] = {
-    "prose": [chat(p) for p in _PROSE],
+    "prose": [chat(p) for p in PROSE_REQUESTS],
     "code_edit": [_edit(code, change) for code, change in _SNIPPETS],
 }
 assert all(len(prompts) == 16 for prompts in WORKLOADS.values())

@@ -125,6 +125,10 @@ def run_job(job: dict) -> dict:
     return result
 
 
+# The controller's log lines kept per engine (the last ones: its regime changes while timed).
+_CONTROLLER_LINES = 300
+
+
 def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None = None) -> dict:
     """Run ``job`` in a fresh Python process (vLLM picks its platform once per process)."""
     env = dict(os.environ)
@@ -156,10 +160,17 @@ def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None =
         "recorded_while_serving": len(re.findall(r"drafter graph recorded", output)),
         "failed": len(re.findall(r"drafter graph for key .* not recorded", output)),
     }
+    # The adaptive controller's own account (specdec_plugin/adaptive/): the start-up cost table
+    # and each change of regime with its predictions. In the result, so that it comes back
+    # with the JSON from a device whose logs are lost with the machine (session 16).
+    controller = [line[line.index("specdec_plugin: "):][:400] for line in output.splitlines()
+                  if "specdec_plugin: step costs measured" in line
+                  or "specdec_plugin: adaptive drafting" in line][-_CONTROLLER_LINES:]
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):]) | {
-                "captured": captured, "jit_events": jit, "drafter_graphs": drafter_graphs}
+                "captured": captured, "jit_events": jit, "drafter_graphs": drafter_graphs,
+                "controller_log": controller}
     return {"error": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-3000:]}
 
 
