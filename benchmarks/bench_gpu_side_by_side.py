@@ -160,6 +160,10 @@ BACKENDS = {
     # before session 16): drafting resumes at the same 3% predicted gain that keeps it on.
     "ours-resume0": Backend("ours", "specdec_plugin, no resume margin",
                             {"SPECDEC_ADAPTIVE_RESUME_GAIN": "0"}, methods=_DRAFTING),
+    # Drafting that may not slow the least accepting quarter of the batch (adaptive/policy.py,
+    # SPECDEC_ADAPTIVE_PROTECT): opt-in until measured here.
+    "ours-protect": Backend("ours", "specdec_plugin, slowest quarter protected",
+                            {"SPECDEC_ADAPTIVE_PROTECT": "0.25"}, methods=_DRAFTING),
     # What async scheduling is worth to plain decoding: the methods that run without it
     # (suffix, draft model by default) pay at most this.
     "ours-sync": Backend("ours", "specdec_plugin, async scheduling off",
@@ -324,7 +328,8 @@ def main() -> None:
                              "and suffix with SPECDEC_UNIFORM_DRAFTS=1 / 0; ours-suffix-async: "
                              "suffix decoding under async scheduling, SPECDEC_SUFFIX_ASYNC=1; "
                              "ours-observed: SPECDEC_ADAPTIVE_OBSERVED_COST=1; ours-resume0: "
-                             "SPECDEC_ADAPTIVE_RESUME_GAIN=0)")
+                             "SPECDEC_ADAPTIVE_RESUME_GAIN=0; ours-protect: "
+                             "SPECDEC_ADAPTIVE_PROTECT=0.25)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "
                              "run_clock_windows) to tell a slow timed run's cause")

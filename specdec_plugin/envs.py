@@ -28,6 +28,10 @@
 - ``SPECDEC_ADAPTIVE_RESUME_GAIN=<fraction>``: how much more throughput than a plain step
   drafting must promise before the adaptive controller, once off, drafts again (default 0.10;
   adaptive/policy.py, hysteresis). ``0`` restores the earlier rule (the same 3% either way).
+- ``SPECDEC_ADAPTIVE_PROTECT=<quantile>``: the adaptive controller drafts only where the
+  request at this quantile of expected acceptance (0.25: the least accepting quarter's best)
+  is expected to be no slower than with a plain step (adaptive/policy.py). Unset (default):
+  off, the batch's expected throughput alone decides. Opt-in until measured on a GPU.
 - ``SPECDEC_NGRAM_ON_DEVICE=0|1``: where method "ngram" matches: ``1`` on the device (our
   ``ngram_match`` kernel over device-resident token histories, vLLM's ``ngram_gpu`` path, with
   async scheduling where the device has it), ``0`` on the host (our C++ index). Default: the
@@ -135,6 +139,21 @@ def adaptive_resume_gain() -> float:
         raise ValueError(f"SPECDEC_ADAPTIVE_RESUME_GAIN={raw!r}: expected a fraction between 0 "
                          f"and 10, such as 0.1 (drafting must promise 10% more tokens per second "
                          f"than a plain step to resume); unset it for the default {RESUME_GAIN}")
+    return value
+
+
+def adaptive_protect() -> float | None:
+    raw = os.environ.get("SPECDEC_ADAPTIVE_PROTECT", "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"SPECDEC_ADAPTIVE_PROTECT={raw!r}: expected a quantile between 0 and 1, "
+                         f"such as 0.25 (no draft length that would slow the least accepting "
+                         f"quarter of the batch); unset it to turn the protection off")
     return value
 
 

@@ -104,7 +104,9 @@ def _ref_expected_tokens(rates, k):
     return 1.0 + reach.sum(axis=1)
 
 
-def ref_choose(rates, cost, allowed, min_gain=0.03, drafting=True, resume_gain=0.10):
+def ref_choose(rates, cost, allowed, min_gain=0.03, drafting=True, resume_gain=0.10,
+               protect_quantile=None):
+    assert protect_quantile is None  # the controllers compared here leave protection off
     rates = np.clip(np.atleast_2d(np.asarray(rates, dtype=float)), 0.0, 1.0)
     n = rates.shape[0]
     max_k = rates.shape[1]

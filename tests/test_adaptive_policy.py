@@ -111,6 +111,42 @@ def test_the_controller_once_off_resumes_only_for_a_clear_gain():
     assert on.choose(ids) == 1  # drafting already: the marginal gain keeps it on
 
 
+def test_protection_bars_lengths_that_slow_the_least_accepting_requests():
+    # Half the batch accepts everything, half nothing: at batch 64 a 4-token verification is
+    # 320 tokens and costs 1.5x a plain step (GPU_LIKE), which the batch's average pays for.
+    n = 64
+    mixed = np.vstack([rates(1, 1, 1, 1, n=n // 2), rates(0, 0, 0, 0, n=n // 2)])
+    free = choose_draft_length(mixed, GPU_LIKE, range(K + 1))
+    assert free.k > 0 and free.tokens_per_s[free.k] > 1.2 * free.tokens_per_s[0]
+    # Protecting the lower quarter: its requests accept nothing, every length slows them.
+    assert choose_draft_length(mixed, GPU_LIKE, range(K + 1), protect_quantile=0.25).k == 0
+    # The 75th percentile is an accepting request: drafting slows none of the protected.
+    assert choose_draft_length(mixed, GPU_LIKE, range(K + 1), protect_quantile=0.75).k == free.k
+    # Where every request gains, protection changes nothing; at batch 1 neither does it.
+    good = rates(0.8, 0.7, 0.6, 0.5, n=n)
+    assert (choose_draft_length(good, GPU_LIKE, range(K + 1), protect_quantile=0.25).k
+            == choose_draft_length(good, GPU_LIKE, range(K + 1)).k > 0)
+    # Batch 1: the protected request is the batch, and a length that gains tokens per second
+    # for the batch is one that does not slow it.
+    rng = np.random.default_rng()
+    for r in [rng.uniform(0, 1, size=(1, K)) for _ in range(50)]:
+        assert (choose_draft_length(r, GPU_LIKE, range(K + 1), protect_quantile=0.25).k
+                == choose_draft_length(r, GPU_LIKE, range(K + 1)).k), r
+
+
+def test_protection_keeps_the_lengths_that_the_protected_request_can_afford():
+    # A short draft is nearly free at batch 64 (128 tokens), a long one is not: requests that
+    # accept half the first positions gain from k = 1 and lose at longer drafts.
+    n = 64
+    first_only = np.vstack([rates(1, 1, 1, 1, n=n // 2), rates(0.5, 0, 0, 0, n=n // 2)])
+    free = choose_draft_length(first_only, GPU_LIKE, range(K + 1))
+    protected = choose_draft_length(first_only, GPU_LIKE, range(K + 1), protect_quantile=0.25)
+    assert free.k > protected.k > 0
+    slow_side = rates(0.5, 0, 0, 0)[0]
+    assert (expected_tokens(slow_side, protected.k)[0] / GPU_LIKE.step_time(n, protected.k)
+            >= 1.0 / GPU_LIKE.step_time(n, 0))
+
+
 def test_only_allowed_lengths_are_chosen():
     assert choose_draft_length(rates(1, 1, 1, 1), GPU_LIKE, (0, 2)).k == 2
     with pytest.raises(ValueError, match="outside"):
@@ -260,3 +296,16 @@ def test_the_resume_gain_switch(monkeypatch):
         monkeypatch.setenv("SPECDEC_ADAPTIVE_RESUME_GAIN", bad)
         with pytest.raises(ValueError, match="SPECDEC_ADAPTIVE_RESUME_GAIN"):
             envs.adaptive_resume_gain()
+
+
+def test_the_protect_switch(monkeypatch):
+    from specdec_plugin import envs
+
+    monkeypatch.delenv("SPECDEC_ADAPTIVE_PROTECT", raising=False)
+    assert envs.adaptive_protect() is None  # opt-in
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_PROTECT", "0.25")
+    assert envs.adaptive_protect() == 0.25
+    for bad in ("quarter", "1.5", "-0.1"):
+        monkeypatch.setenv("SPECDEC_ADAPTIVE_PROTECT", bad)
+        with pytest.raises(ValueError, match="SPECDEC_ADAPTIVE_PROTECT"):
+            envs.adaptive_protect()

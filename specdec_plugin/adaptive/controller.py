@@ -16,7 +16,9 @@ Costs: the start-up cost table, corrected by the step times the scheduler observ
 so probes also tell what drafting costs while the controller is off.
 
 Regimes: once off, drafting must promise ``resume_gain`` over plain steps to start again
-(``policy.py``, hysteresis; ``SPECDEC_ADAPTIVE_RESUME_GAIN``); a new engine starts on.
+(``policy.py``, hysteresis; ``SPECDEC_ADAPTIVE_RESUME_GAIN``); a new engine starts on. With
+``protect_quantile`` (``SPECDEC_ADAPTIVE_PROTECT``, opt-in) no length is chosen that is expected
+to slow down the request at that quantile of acceptance.
 """
 from __future__ import annotations
 
@@ -39,9 +41,10 @@ PROBE_LENGTH = 1
 class DraftLengthController:
     def __init__(self, max_k: int, cost: CostTable, allowed: Sequence[int] | None = None,
                  settings: AcceptanceSettings | None = None, learn_costs: bool = True,
-                 resume_gain: float = RESUME_GAIN):
+                 resume_gain: float = RESUME_GAIN, protect_quantile: float | None = None):
         self.max_k = max_k
         self.resume_gain = resume_gain
+        self.protect_quantile = protect_quantile
         self.table = cost
         self.observed_cost = ObservedCost(cost) if learn_costs else None
         # What the policy reads: the table, corrected where steps were observed.
@@ -82,7 +85,8 @@ class DraftLengthController:
         self.tracker.end_step()
         drafting = self.last_k is None or self.last_k > 0
         decision = choose_draft_length(self.tracker.batch_rates(req_ids), self.cost, self.allowed,
-                                       drafting=drafting, resume_gain=self.resume_gain)
+                                       drafting=drafting, resume_gain=self.resume_gain,
+                                       protect_quantile=self.protect_quantile)
         k = decision.k
         if k == 0:
             self._plain_steps += 1

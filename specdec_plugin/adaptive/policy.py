@@ -20,6 +20,16 @@ with the batch. On the H100 (issue 11, real prompts, SmolLM2 padded to 7B), n-gr
 than plain decoding, flipping on and off at every probe. A gain that small is inside the
 prediction's error; one that large (code editing at batch 1-16 predicted several tens of
 percent) is not.
+
+Protecting the least accepting requests (opt-in, ``protect_quantile``). Every request of a step
+verifies the same k (uniform drafts), so a step whose drafts pay on average can still make the
+requests whose drafts miss slower: they wait for a longer verification and gain nothing. In a
+closed batch the slowest request sets the wall time. With ``protect_quantile`` q, a length k is
+chosen only if the request at the q-quantile of expected tokens per step is expected to be no
+slower than in a plain step: E_q(k) / step(n, k) >= 1 / step(n, 0). Why it is considered: on
+the H100 at code_edit batch 64 (issue 11, session 16) n-gram drafted about 4 tokens in half
+the steps with 1.03 tokens accepted per request per drafting step, near break-even for the
+batch's throughput, and the batch took 1.25x as long as plain decoding.
 """
 from __future__ import annotations
 
@@ -55,10 +65,13 @@ RESUME_GAIN = 0.10
 
 def choose_draft_length(rates: np.ndarray, cost: StepCost, allowed: Sequence[int],
                         min_gain: float = MIN_GAIN, drafting: bool = True,
-                        resume_gain: float = RESUME_GAIN) -> Decision:
+                        resume_gain: float = RESUME_GAIN,
+                        protect_quantile: float | None = None) -> Decision:
     """rates: [n, K] acceptance per request and position; allowed: the lengths to consider
     (0 means a plain decode step); drafting: whether the controller's current regime drafts
-    (False: it has been taking plain steps, and drafting must gain ``resume_gain`` to start)."""
+    (False: it has been taking plain steps, and drafting must gain ``resume_gain`` to start);
+    protect_quantile: None, or the quantile of requests (by expected tokens per step) that a
+    drafting length may not slow down."""
     rates = np.clip(np.atleast_2d(np.asarray(rates, dtype=float)), 0.0, 1.0)
     n = rates.shape[0]
     max_k = rates.shape[1]
@@ -69,6 +82,10 @@ def choose_draft_length(rates: np.ndarray, cost: StepCost, allowed: Sequence[int
     # (tests/test_adaptive_equivalence.py compares with the per-length code).
     reach = np.cumprod(rates[:, :lengths[-1]], axis=1) if lengths and lengths[-1] > 0 else None
     scores: dict[int, float] = {}
+    # Lengths that would slow the protected request down: scored (for the log), never chosen.
+    barred: set[int] = set()
+    plain_seconds = cost.step_time(n, 0) if protect_quantile is not None and 0 in lengths else None
+    rank = int(protect_quantile * (n - 1)) if plain_seconds is not None else 0
     for k in lengths:
         if k < 0 or k > max_k:
             raise ValueError(f"draft length {k} outside 0..{max_k}")
@@ -78,11 +95,16 @@ def choose_draft_length(rates: np.ndarray, cost: StepCost, allowed: Sequence[int
         if k == 0:
             tokens = float(n)
         else:  # (1 + reach.sum(axis=1)).sum(), by the ufunc that ndarray.sum calls: less wrapping
-            tokens = np.add.reduce(1.0 + np.add.reduce(reach[:, :k], axis=1))
+            per_request = 1.0 + np.add.reduce(reach[:, :k], axis=1)
+            tokens = np.add.reduce(per_request)
+            if plain_seconds is not None:
+                protected = np.partition(per_request, rank)[rank]
+                if protected * plain_seconds < seconds:
+                    barred.add(k)
         scores[k] = float(tokens / seconds)
     best = min(scores)
     for k in sorted(scores):
-        if scores[k] > scores[best] * (1.0 + min_gain):
+        if k not in barred and scores[k] > scores[best] * (1.0 + min_gain):
             best = k
     if not drafting and best > 0 and 0 in scores and scores[best] <= scores[0] * (1.0 + resume_gain):
         best = 0
