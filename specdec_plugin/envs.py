@@ -124,37 +124,35 @@ def adaptive_observed_cost() -> bool:
     return os.environ.get("SPECDEC_ADAPTIVE_OBSERVED_COST", "0").strip().lower() in _TRUE
 
 
-def adaptive_resume_gain() -> float:
-    """Parsed here so that a typo fails at engine start, naming the variable."""
-    from specdec_plugin.adaptive.policy import RESUME_GAIN
-
-    raw = os.environ.get("SPECDEC_ADAPTIVE_RESUME_GAIN", "").strip()
-    if not raw:
-        return RESUME_GAIN
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 10.0:
-        raise ValueError(f"SPECDEC_ADAPTIVE_RESUME_GAIN={raw!r}: expected a fraction between 0 "
-                         f"and 10, such as 0.1 (drafting must promise 10% more tokens per second "
-                         f"than a plain step to resume); unset it for the default {RESUME_GAIN}")
-    return value
-
-
-def adaptive_protect() -> float | None:
-    raw = os.environ.get("SPECDEC_ADAPTIVE_PROTECT", "").strip()
+def _number(name: str, low: float, high: float, meaning: str, unset: str) -> float | None:
+    """The float in ``name``, or None where unset. A bad value's error names the variable, its
+    range and an example (adaptive/config.py reads these where the engine config is built)."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     try:
         value = float(raw)
     except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"SPECDEC_ADAPTIVE_PROTECT={raw!r}: expected a quantile between 0 and 1, "
-                         f"such as 0.25 (no draft length that would slow the least accepting "
-                         f"quarter of the batch); unset it to turn the protection off")
+        value = float("nan")
+    if not low <= value <= high:  # nan fails too
+        raise ValueError(f"{name}={raw!r}: expected a number between {low:g} and {high:g}, "
+                         f"{meaning}; {unset}")
     return value
+
+
+def adaptive_resume_gain() -> float:
+    from specdec_plugin.adaptive.policy import RESUME_GAIN
+
+    value = _number("SPECDEC_ADAPTIVE_RESUME_GAIN", 0.0, 10.0,
+                    "such as 0.1 (drafting must promise 10% more tokens per second than a plain "
+                    "step to resume)", f"unset it for the default {RESUME_GAIN}")
+    return RESUME_GAIN if value is None else value
+
+
+def adaptive_protect() -> float | None:
+    return _number("SPECDEC_ADAPTIVE_PROTECT", 0.0, 1.0,
+                   "a quantile such as 0.25 (no draft length that would slow the least accepting "
+                   "quarter of the batch)", "unset it to turn the protection off")
 
 
 def ngram_on_device() -> bool | None:

@@ -309,3 +309,29 @@ def test_the_protect_switch(monkeypatch):
         monkeypatch.setenv("SPECDEC_ADAPTIVE_PROTECT", bad)
         with pytest.raises(ValueError, match="SPECDEC_ADAPTIVE_PROTECT"):
             envs.adaptive_protect()
+
+
+def test_a_bad_controller_setting_fails_where_the_config_is_built(monkeypatch):
+    from types import SimpleNamespace
+
+    from specdec_plugin.adaptive.config import apply_adaptive
+
+    def config():
+        return SimpleNamespace(
+            speculative_config=SimpleNamespace(num_speculative_tokens=K, method="ngram",
+                                               num_speculative_tokens_per_batch_size=None,
+                                               parallel_drafting=False),
+            parallel_config=SimpleNamespace(data_parallel_size=1),
+            scheduler_config=SimpleNamespace(scheduler_cls=None, async_scheduling=True))
+
+    monkeypatch.delenv("SPECDEC_ADAPTIVE", raising=False)
+    good = config()
+    apply_adaptive(good)
+    assert good.scheduler_config.scheduler_cls.endswith("AdaptiveAsyncScheduler")
+    for name in ("SPECDEC_ADAPTIVE_RESUME_GAIN", "SPECDEC_ADAPTIVE_PROTECT"):
+        monkeypatch.setenv(name, "often")
+        bad = config()
+        with pytest.raises(ValueError, match=name):
+            apply_adaptive(bad)
+        assert bad.scheduler_config.scheduler_cls is None
+        monkeypatch.delenv(name)

@@ -57,5 +57,9 @@ def apply_adaptive(vllm_config) -> None:
         if vllm_config.speculative_config is not None and reason != "no speculative decoding":
             logger.info("specdec_plugin: adaptive drafting off (%s)", reason)
         return
+    # The controller's settings are read again in the engine process; read here, where the
+    # config is built, a bad value fails before any model is loaded.
+    envs.adaptive_resume_gain()
+    envs.adaptive_protect()
     scheduler = vllm_config.scheduler_config
     scheduler.scheduler_cls = _SCHEDULERS[bool(scheduler.async_scheduling)]
