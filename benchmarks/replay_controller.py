@@ -1,0 +1,193 @@
+"""Replay the adaptive controller on recorded greedy traces, with a modelled step cost: a
+model, not a measurement. It answers "what would this policy do to the batch's wall time if
+steps cost what the table says", on the CPU, in seconds, for choices that the GPU lease would
+otherwise have to settle one engine at a time.
+
+What is real: the prompts and greedy answers (issue 11's real workloads on SmolLM2-135M,
+generated here through our plugin on the CPU, float32), the n-gram drafts (our reference
+``ngram_match`` over each request's history, ``prompt_lookup_min/max`` 1/4 as the GPU bench),
+uniform padding with filler (the request's last token, verified like any draft), and the
+controller (``DraftLengthController``: tracker, policy, probes, hysteresis, protection).
+
+What is modelled:
+- Step cost: ``CostTable.step_time`` of the table below, for the controller and for the
+  clock alike, so the replay isolates what the policy's objective does; a cost the table
+  misses (host work, the bias the hysteresis guards against) is not in it.
+- The default table models the H100 with SmolLM2 padded to 7B: plain steps of 1 / 4 / 16 / 64
+  requests as measured in session 16's lease A (6.9 / 7.2 / 7.4 / 8.4 ms), and 320 tokens
+  (batch 64 verifying 4 drafts) extrapolated along the 1-64 slope (14.5 ms). The 320-token
+  point was never measured.
+- The controller sees each step's results before choosing the next length (no async lag).
+
+A closed batch, as the GPU bench runs it: every request generates ``--max-tokens``, and the
+batch's wall time is the sum of its steps, so the slowest request sets it.
+
+Cells run in the GPU bench's order, each ``--warmups`` + ``--repeats`` times with one controller
+per policy (an engine), and the median of the timed runs is reported.
+
+    python benchmarks/replay_controller.py [--traces T.json] [--batches 1,4,16,64] [--out R.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+K = 4
+MIN_N, MAX_N = 1, 4
+MAX_MODEL_LEN = 2048
+# (tokens per step, seconds): see the module docstring.
+H100_PADDED_7B = ((1, 6.9e-3), (4, 7.2e-3), (16, 7.4e-3), (64, 8.4e-3), (320, 14.5e-3))
+
+
+def generate_traces(max_tokens: int) -> dict:
+    """Greedy answers to the real workloads' prompts, through our plugin on this machine."""
+    from vllm import LLM, SamplingParams
+
+    sys.path.insert(0, HERE)
+    from real_workloads import WORKLOADS
+    from specdec_plugin.models import fetch_smollm2
+
+    llm = LLM(model=str(fetch_smollm2()), dtype="float32", max_model_len=MAX_MODEL_LEN,
+              max_num_seqs=16, seed=0, enable_prefix_caching=False)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    traces = {}
+    for name, prompts in WORKLOADS.items():
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        traces[name] = [{"prompt": list(o.prompt_token_ids), "output": list(o.outputs[0].token_ids)}
+                        for o in outputs]
+    return traces
+
+
+def _policies(table):
+    """Name -> None (plain), "static" (K every step) or a factory of a fresh controller."""
+    from specdec_plugin.adaptive.controller import DraftLengthController
+
+    def adaptive(**settings):
+        return lambda: DraftLengthController(K, table, learn_costs=False, **settings)
+
+    return {
+        "plain": None,
+        "static": "static",
+        "adaptive (default)": adaptive(),
+        "adaptive, resume gain 0": adaptive(resume_gain=0.0),
+        "adaptive, protect 0.25": adaptive(protect_quantile=0.25),
+    }
+
+
+def replay(traces: list[dict], batch: int, policy, controller, table, max_tokens: int) -> dict:
+    from specdec_plugin.ops.ngram_match.reference import ngram_match
+
+    requests = [traces[i % len(traces)] for i in range(batch)]
+    ids = [f"r{i}" for i in range(batch)]
+    histories = [list(r["prompt"]) for r in requests]
+    done = [0] * batch  # tokens generated so far
+    seconds, steps, request_drafts, drafted, accepted, chosen = 0.0, 0, 0, 0, 0, []
+    while True:
+        active = [i for i in range(batch) if done[i] < max_tokens]
+        if not active:
+            break
+        if policy is None:
+            k = 0
+        elif policy == "static":
+            k = K
+        else:
+            k = controller.choose([ids[i] for i in active])
+        chosen.append(k)
+        seconds += table.step_time(len(active), k)
+        steps += 1
+        if k:
+            width = max(len(histories[i]) for i in active)
+            tokens = torch.zeros((len(active), width), dtype=torch.int32)
+            for row, i in enumerate(active):
+                tokens[row, :len(histories[i])] = torch.tensor(histories[i], dtype=torch.int32)
+            num = torch.tensor([len(histories[i]) for i in active], dtype=torch.int32)
+            drafts, counts = ngram_match(tokens, num, None, MIN_N, MAX_N, k, MAX_MODEL_LEN)
+        for row, i in enumerate(active):
+            truth = requests[i]["output"][done[i]:]
+            m = 0
+            if k:
+                draft = drafts[row].tolist()
+                filler = histories[i][-1]
+                draft = [d if j < int(counts[row]) else filler for j, d in enumerate(draft)]
+                while m < k and m < len(truth) - 1 and draft[m] == truth[m]:
+                    m += 1
+                request_drafts += 1
+                drafted += k
+                accepted += m
+                controller and controller.observe(ids[i], k, m)
+            new = truth[:m + 1]
+            histories[i].extend(new)
+            done[i] += len(new)
+            if done[i] >= max_tokens and controller:
+                controller.forget(ids[i])
+    return {"ms_per_token": 1e3 * seconds / max_tokens, "steps": steps, "drafts": request_drafts,
+            "drafted": drafted, "accepted": accepted,
+            "acceptance_length": 1.0 + accepted / request_drafts if request_drafts else None,
+            "steps_by_length": {str(k): chosen.count(k) for k in sorted(set(chosen))}}
+
+
+def main():
+    from specdec_plugin.adaptive.cost_model import CostTable
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--traces", help="JSON from an earlier run (default: generate them here)")
+    p.add_argument("--save-traces", help="write the generated traces here")
+    p.add_argument("--batches", default="1,4,16,64")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--workloads", help="comma list (default: all, prose first, as the GPU bench)")
+    p.add_argument("--warmups", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", help="write the results as JSON")
+    args = p.parse_args()
+    if args.traces:
+        with open(args.traces) as f:
+            traces = json.load(f)
+    else:
+        traces = generate_traces(args.max_tokens)
+        if args.save_traces:
+            with open(args.save_traces, "w") as f:
+                json.dump(traces, f)
+    counts, times = zip(*H100_PADDED_7B)
+    table = CostTable(counts, times)
+    results = {"model": "modelled step costs (see replay_controller.py)",
+               "cost_table": H100_PADDED_7B, "k": K, "max_tokens": args.max_tokens, "rows": []}
+    print(f"{'workload':10}{'batch':>6}  {'policy':26}{'ms/tok':>8}{'vs plain':>9}"
+          f"{'steps':>7}{'AL':>6}  steps by length (last timed run)")
+    workloads = args.workloads.split(",") if args.workloads else list(traces)
+    cells = [(w, int(b)) for w in workloads for b in args.batches.split(",")]
+    by_cell = {}
+    for name, policy in _policies(table).items():
+        # One engine per policy, as the GPU bench runs one: the controller's state carries
+        # over from cell to cell and from the warm-up to the timed runs.
+        controller = policy() if callable(policy) else None
+        for workload, batch in cells:
+            runs = [replay(traces[workload], batch, policy, controller, table, args.max_tokens)
+                    for _ in range(args.warmups + args.repeats)][args.warmups:]
+            r = dict(runs[-1], ms_per_token=float(np.median([x["ms_per_token"] for x in runs])),
+                     ms_per_token_runs=[x["ms_per_token"] for x in runs])
+            by_cell.setdefault((workload, batch), {})[name] = r
+    for workload, batch in cells:
+        plain = by_cell[(workload, batch)]["plain"]["ms_per_token"]
+        for name, r in by_cell[(workload, batch)].items():
+            r.update(workload=workload, batch=batch, policy=name, vs_plain=r["ms_per_token"] / plain)
+            results["rows"].append(r)
+            drafting_steps = sum(v for k, v in r["steps_by_length"].items() if k != "0")
+            print(f"{workload:10}{batch:>6}  {name:26}{r['ms_per_token']:8.2f}"
+                  f"{r['vs_plain']:9.3f}{r['steps']:7d}{r['acceptance_length'] or 1.0:6.2f}  "
+                  f"{r['steps_by_length']} ({drafting_steps} drafting)")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=3)
+    main()

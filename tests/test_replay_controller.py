@@ -1,0 +1,63 @@
+"""benchmarks/replay_controller.py on a made-up trace (no engine): the replay's bookkeeping."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+
+import pytest
+
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                     "benchmarks", "replay_controller.py")
+
+
+@pytest.fixture(scope="module")
+def replay_module():
+    spec = importlib.util.spec_from_file_location("replay_controller", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _trace(rng, repetitive: bool, max_tokens: int):
+    prompt = [rng.randrange(100, 5000) for _ in range(40)]
+    if repetitive:  # the answer copies the prompt: n-gram drafts land
+        output = (prompt * (max_tokens // len(prompt) + 2))[:max_tokens]
+    else:  # fresh tokens, never seen before: drafts miss
+        output = [rng.randrange(6000, 60000) for _ in range(max_tokens)]
+    return {"prompt": prompt, "output": output}
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_replay_counts_steps_tokens_and_drafts(replay_module, batch):
+    from specdec_plugin.adaptive.cost_model import CostTable
+
+    rng = random.Random()
+    max_tokens = 64
+    table = CostTable(*zip(*replay_module.H100_PADDED_7B))
+    policies = replay_module._policies(table)
+    copying = [_trace(rng, True, max_tokens) for _ in range(3)]
+    fresh = [_trace(rng, False, max_tokens) for _ in range(3)]
+
+    plain = replay_module.replay(copying, batch, None, None, table, max_tokens)
+    assert plain["steps"] == max_tokens and plain["drafts"] == 0
+    assert plain["ms_per_token"] == pytest.approx(
+        1e3 * table.step_time(batch, 0) * max_tokens / max_tokens)
+
+    static = replay_module.replay(copying, batch, "static", None, table, max_tokens)
+    # The copy starts after one token of the prompt's first n-gram, then every draft lands.
+    assert static["steps"] < max_tokens / 3
+    assert static["acceptance_length"] > 3.5
+    assert static["steps_by_length"] == {str(replay_module.K): static["steps"]}
+
+    missed = replay_module.replay(fresh, batch, "static", None, table, max_tokens)
+    assert missed["steps"] == max_tokens and missed["accepted"] == 0
+    assert missed["ms_per_token"] > plain["ms_per_token"]
+
+    controller = policies["adaptive (default)"]()
+    adaptive = replay_module.replay(copying, batch, policies["adaptive (default)"], controller,
+                                    table, max_tokens)
+    assert adaptive["steps"] < max_tokens / 2  # it drafts where drafts land
+    off = replay_module.replay(fresh, batch, policies["adaptive (default)"], controller, table,
+                               max_tokens)
+    assert off["steps_by_length"].get("0", 0) > max_tokens / 2  # and stops where they miss
