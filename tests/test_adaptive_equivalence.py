@@ -76,6 +76,10 @@ class RefTracker:
     def forget(self, req_id):
         self._requests.pop(req_id, None)
 
+    def has_unseen(self, req_ids):
+        # Not part of the earlier code: added with the probes for new requests (controller.py).
+        return any(req_id not in self._requests for req_id in req_ids)
+
     def engine_rates(self):
         s = self.settings
         return _ref_rates(self.tested, self.accepted, s.prior_rate, s.prior_weight, s.pool_weight)

@@ -261,6 +261,36 @@ def test_controller_turns_off_when_drafts_miss_and_probes_with_backoff():
     assert again[-1] == K
 
 
+def test_a_new_request_is_probed_soon_after_the_probes_backed_off():
+    from specdec_plugin.adaptive.controller import FIRST_PROBE_EVERY, MAX_PROBE_EVERY
+
+    controller = DraftLengthController(K, GPU_LIKE)
+    _run(controller, 3000, accept=False)
+    assert controller.probe_every == MAX_PROBE_EVERY
+    # A request with no evidence of its own joins: a probe within FIRST_PROBE_EVERY steps.
+    chosen = []
+    for _ in range(FIRST_PROBE_EVERY + 1):
+        k = controller.choose(["r", "new"])
+        chosen.append(k)
+        for req in ("r", "new") if k else ():
+            controller.observe(req, k, 0)
+    assert 1 in chosen, chosen
+    # Seen once, it no longer shortens the interval: the probes back off again.
+    gaps = _run_pair(controller, 600)
+    assert gaps and min(gaps) > FIRST_PROBE_EVERY
+
+
+def _run_pair(controller, steps):
+    probe_steps = []
+    for i in range(steps):
+        k = controller.choose(["r", "new"])
+        if k:
+            probe_steps.append(i)
+            for req in ("r", "new"):
+                controller.observe(req, k, 0)
+    return [b - a for a, b in zip(probe_steps, probe_steps[1:])]
+
+
 def test_controller_keeps_drafting_when_drafts_land():
     controller = DraftLengthController(K, GPU_LIKE)
     assert set(_run(controller, 200, accept=True)) == {K}

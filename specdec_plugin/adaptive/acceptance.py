@@ -128,6 +128,12 @@ class AcceptanceTracker:
             self._step_counts = np.zeros_like(step)
             self._engine_rates = None
 
+    def has_unseen(self, req_ids) -> bool:
+        """Whether any of ``req_ids`` has no verification result of its own yet."""
+        self._fold()
+        index = self._rows.index
+        return any(req_id not in index for req_id in req_ids)
+
     def forget(self, req_id: str) -> None:
         self._fold()  # its pending results still count for the engine, as they did
         self._rows.release(req_id)

@@ -8,7 +8,11 @@ Probes: while the policy says 0, no drafts are verified, so no evidence arrives 
 would land again. Every ``probe_every`` plain steps the controller drafts one token per
 request anyway; each probe after which the policy still says 0 doubles the interval (up to
 ``max_probe_every``), so that a workload where drafting never pays spends at most a probe's
-cost every few hundred steps; drafting again resets it.
+cost every few hundred steps; drafting again resets it, and so does a request the controller
+has no evidence of (a new one): its drafts may land where the others' missed, and with the
+interval backed off to hundreds of steps it would otherwise wait that long for its first
+draft. In the replay of issue 11's workloads (benchmarks/replay_controller.py), an engine that
+had served prose never drafted for the code-editing requests that came after it.
 
 Costs: the start-up cost table, corrected by the step times the scheduler observes
 (``observe_step_time``, ``observed_cost.py``) unless ``learn_costs`` is off
@@ -83,6 +87,8 @@ class DraftLengthController:
 
     def choose(self, req_ids: Sequence[str]) -> int:
         self.tracker.end_step()
+        if self.probe_every > FIRST_PROBE_EVERY and self.tracker.has_unseen(req_ids):
+            self.probe_every = FIRST_PROBE_EVERY
         drafting = self.last_k is None or self.last_k > 0
         decision = choose_draft_length(self.tracker.batch_rates(req_ids), self.cost, self.allowed,
                                        drafting=drafting, resume_gain=self.resume_gain,
