@@ -124,10 +124,13 @@ def adaptive_observed_cost() -> bool:
     return os.environ.get("SPECDEC_ADAPTIVE_OBSERVED_COST", "0").strip().lower() in _TRUE
 
 
-def _number(name: str, low: float, high: float, meaning: str, unset: str) -> float | None:
-    """The float in ``name``, or None where unset. A bad value's error names the variable, its
-    range and an example (adaptive/config.py reads these where the engine config is built)."""
-    raw = os.environ.get(name, "").strip()
+def _number(name: str, raw: str, low: float, high: float, meaning: str,
+            unset: str) -> float | None:
+    """The float that variable ``name`` holds (``raw``), or None where unset. A bad value's
+    error names the variable, its range and an example (adaptive/config.py reads these where
+    the engine config is built). The callers read the environment themselves, by literal
+    name, so that tests/test_envs.py sees every variable read."""
+    raw = raw.strip()
     if not raw:
         return None
     try:
@@ -143,14 +146,16 @@ def _number(name: str, low: float, high: float, meaning: str, unset: str) -> flo
 def adaptive_resume_gain() -> float:
     from specdec_plugin.adaptive.policy import RESUME_GAIN
 
-    value = _number("SPECDEC_ADAPTIVE_RESUME_GAIN", 0.0, 10.0,
+    value = _number("SPECDEC_ADAPTIVE_RESUME_GAIN",
+                    os.environ.get("SPECDEC_ADAPTIVE_RESUME_GAIN", ""), 0.0, 10.0,
                     "such as 0.1 (drafting must promise 10% more tokens per second than a plain "
                     "step to resume)", f"unset it for the default {RESUME_GAIN}")
     return RESUME_GAIN if value is None else value
 
 
 def adaptive_protect() -> float | None:
-    return _number("SPECDEC_ADAPTIVE_PROTECT", 0.0, 1.0,
+    return _number("SPECDEC_ADAPTIVE_PROTECT", os.environ.get("SPECDEC_ADAPTIVE_PROTECT", ""),
+                   0.0, 1.0,
                    "a quantile such as 0.25 (no draft length that would slow the least accepting "
                    "quarter of the batch)", "unset it to turn the protection off")
 
