@@ -177,7 +177,8 @@ def main():
     for workload, batch in cells:
         plain = by_cell[(workload, batch)]["plain"]["ms_per_token"]
         for name, r in by_cell[(workload, batch)].items():
-            r.update(workload=workload, batch=batch, policy=name, vs_plain=r["ms_per_token"] / plain)
+            r.update(workload=workload, batch=batch, policy=name,
+                     vs_plain=r["ms_per_token"] / plain)
             results["rows"].append(r)
             drafting_steps = sum(v for k, v in r["steps_by_length"].items() if k != "0")
             print(f"{workload:10}{batch:>6}  {name:26}{r['ms_per_token']:8.2f}"

@@ -106,6 +106,7 @@ def choose_draft_length(rates: np.ndarray, cost: StepCost, allowed: Sequence[int
     for k in sorted(scores):
         if k not in barred and scores[k] > scores[best] * (1.0 + min_gain):
             best = k
-    if not drafting and best > 0 and 0 in scores and scores[best] <= scores[0] * (1.0 + resume_gain):
+    resuming = not drafting and best > 0 and 0 in scores
+    if resuming and scores[best] <= scores[0] * (1.0 + resume_gain):
         best = 0
     return Decision(best, scores)
