@@ -16,7 +16,8 @@ What is modelled:
 - The default table models the H100 with SmolLM2 padded to 7B: plain steps of 1 / 4 / 16 / 64
   requests as measured in session 16's lease A (6.9 / 7.2 / 7.4 / 8.4 ms), and 320 tokens
   (batch 64 verifying 4 drafts) extrapolated along the 1-64 slope (14.5 ms). The 320-token
-  point was never measured.
+  point was never measured. ``--cost-from RESULT ENGINE`` uses instead the table an engine of
+  a GPU bench run measured at its start (from the result's ``controller_log``).
 - The controller sees each step's results before choosing the next length (no async lag).
 
 A closed batch, as the GPU bench runs it: every request generates ``--max-tokens``, and the
@@ -45,6 +46,25 @@ MIN_N, MAX_N = 1, 4
 MAX_MODEL_LEN = 2048
 # (tokens per step, seconds): see the module docstring.
 H100_PADDED_7B = ((1, 6.9e-3), (4, 7.2e-3), (16, 7.4e-3), (64, 8.4e-3), (320, 14.5e-3))
+
+
+def measured_table(result_path: str, engine: str):
+    """The target's cost table an engine measured at start (n-gram and suffix have no drafter
+    model), from a ``bench_gpu_side_by_side.py`` result whose engines carry ``controller_log``:
+    the line ``step costs measured in ... (tokens:ms) target 1:6.90 2:7.01 ...``."""
+    import re
+
+    from specdec_plugin.adaptive.cost_model import CostTable
+
+    with open(result_path) as f:
+        log = json.load(f)["engines"][engine].get("controller_log", [])
+    for line in log:
+        m = re.search(r"step costs measured .*?target ((?:\d+:[\d.]+ ?)+)", line)
+        if m:
+            points = [pair.split(":") for pair in m.group(1).split()]
+            return CostTable(tuple(int(c) for c, _ in points),
+                             tuple(float(ms) * 1e-3 for _, ms in points), source="measured")
+    raise ValueError(f"{result_path}: engine {engine!r} logged no measured step costs")
 
 
 def generate_traces(max_tokens: int) -> dict:
@@ -146,6 +166,9 @@ def main():
     p.add_argument("--warmups", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", help="write the results as JSON")
+    p.add_argument("--cost-from", nargs=2, metavar=("RESULT_JSON", "ENGINE"),
+                   help="use the table an engine measured at start instead of the model, e.g. "
+                        "side_by_side.json ngram/ours (needs its controller_log)")
     args = p.parse_args()
     if args.traces:
         with open(args.traces) as f:
@@ -155,10 +178,14 @@ def main():
         if args.save_traces:
             with open(args.save_traces, "w") as f:
                 json.dump(traces, f)
-    counts, times = zip(*H100_PADDED_7B)
-    table = CostTable(counts, times)
-    results = {"model": "modelled step costs (see replay_controller.py)",
-               "cost_table": H100_PADDED_7B, "k": K, "max_tokens": args.max_tokens, "rows": []}
+    if args.cost_from:
+        table = measured_table(*args.cost_from)
+        source = f"measured at engine start: {args.cost_from[1]} in {args.cost_from[0]}"
+    else:
+        table = CostTable(*zip(*H100_PADDED_7B))
+        source = "modelled step costs (see replay_controller.py)"
+    results = {"model": source, "cost_table": list(zip(table.token_counts, table.target_s)),
+               "k": K, "max_tokens": args.max_tokens, "rows": []}
     print(f"{'workload':10}{'batch':>6}  {'policy':26}{'ms/tok':>8}{'vs plain':>9}"
           f"{'steps':>7}{'AL':>6}  steps by length (last timed run)")
     workloads = args.workloads.split(",") if args.workloads else list(traces)

@@ -61,3 +61,18 @@ def test_replay_counts_steps_tokens_and_drafts(replay_module, batch):
     off = replay_module.replay(fresh, batch, policies["adaptive (default)"], controller, table,
                                max_tokens)
     assert off["steps_by_length"].get("0", 0) > max_tokens / 2  # and stops where they miss
+
+
+def test_the_measured_table_is_read_from_a_bench_result(replay_module, tmp_path):
+    line = ("specdec_plugin: step costs measured in 3.2 s (tokens:ms) target 1:6.90 5:7.01 "
+            "64:8.40 320:13.75")
+    result = {"engines": {"ngram/ours": {"controller_log": [
+        "specdec_plugin: adaptive drafting on (K=4 ...)", line]},
+        "none/ours": {"controller_log": []}}}
+    path = tmp_path / "side_by_side.json"
+    path.write_text(__import__("json").dumps(result))
+    table = replay_module.measured_table(str(path), "ngram/ours")
+    assert table.token_counts == (1, 5, 64, 320)
+    assert table.target_s == pytest.approx((6.90e-3, 7.01e-3, 8.40e-3, 13.75e-3))
+    with pytest.raises(ValueError, match="none/ours"):
+        replay_module.measured_table(str(path), "none/ours")
