@@ -21,9 +21,6 @@ Each engine runs in its own process (tests/engine_runner.py), several at once on
 """
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -37,7 +34,6 @@ METHODS = ["draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix"]
 NATIVE_METHODS = [m for m in METHODS if m != "suffix"]
 # Methods whose drafter steps replay from our graphs (vLLM's V1 EagleProposer, DraftModelProposer).
 GRAPHED_DRAFTERS = ["draft_model", "eagle", "eagle3", "mtp"]
-PARALLEL_ENGINES = int(os.environ.get("SPECDEC_GPU_PARALLEL", "6"))
 TIE_GAP = 1e-4
 
 
@@ -110,19 +106,14 @@ def _jobs(smollm2: str) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def results():
-    from tests.engine_runner import run_in_subprocess
-    from tests.gpu.engine_jobs import save_report
+    from tests.gpu.engine_jobs import run_jobs, save_report
 
     from specdec_plugin.models import fetch_smollm2
 
     smollm2 = str(fetch_smollm2())
-    jobs = _jobs(smollm2)
-    log = os.environ.get("SPECDEC_GPU_LOG", "/tmp/specdec_gpu_engines.log")
-    with ThreadPoolExecutor(PARALLEL_ENGINES) as pool:
-        futures = {name: pool.submit(run_in_subprocess, job, 1500, log) for name, job in jobs.items()}
-        out = {name: future.result() for name, future in futures.items()}
+    out = run_jobs(_jobs(smollm2), "/tmp/specdec_gpu_engines.log")
     out["_smollm2"] = smollm2
-    save_report(out)
+    save_report({"_smollm2": smollm2})
     return out
 
 
