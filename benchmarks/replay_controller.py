@@ -102,24 +102,25 @@ def _policies(table):
     }
 
 
-def replay(traces: list[dict], batch: int, policy, controller, table, max_tokens: int) -> dict:
+def replay(traces: list[dict], batch: int, policy, table, max_tokens: int) -> dict:
+    """One closed batch. ``policy``: None (plain steps), "static" (K every step) or a
+    ``DraftLengthController``, whose state the caller keeps from run to run (an engine)."""
     from specdec_plugin.ops.ngram_match.reference import ngram_match
 
     requests = [traces[i % len(traces)] for i in range(batch)]
     ids = [f"r{i}" for i in range(batch)]
     histories = [list(r["prompt"]) for r in requests]
     done = [0] * batch  # tokens generated so far
+    controller = policy if policy not in (None, "static") else None
     seconds, steps, request_drafts, drafted, accepted, chosen = 0.0, 0, 0, 0, 0, []
     while True:
         active = [i for i in range(batch) if done[i] < max_tokens]
         if not active:
             break
-        if policy is None:
-            k = 0
-        elif policy == "static":
-            k = K
-        else:
+        if controller is not None:
             k = controller.choose([ids[i] for i in active])
+        else:
+            k = K if policy == "static" else 0
         chosen.append(k)
         seconds += table.step_time(len(active), k)
         steps += 1
@@ -142,11 +143,12 @@ def replay(traces: list[dict], batch: int, policy, controller, table, max_tokens
                 request_drafts += 1
                 drafted += k
                 accepted += m
-                controller and controller.observe(ids[i], k, m)
+                if controller is not None:
+                    controller.observe(ids[i], k, m)
             new = truth[:m + 1]
             histories[i].extend(new)
             done[i] += len(new)
-            if done[i] >= max_tokens and controller:
+            if done[i] >= max_tokens and controller is not None:
                 controller.forget(ids[i])
     return {"ms_per_token": 1e3 * seconds / max_tokens, "steps": steps, "drafts": request_drafts,
             "drafted": drafted, "accepted": accepted,
@@ -194,9 +196,9 @@ def main():
     for name, policy in _policies(table).items():
         # One engine per policy, as the GPU bench runs one: the controller's state carries
         # over from cell to cell and from the warm-up to the timed runs.
-        controller = policy() if callable(policy) else None
+        engine = policy() if callable(policy) else policy
         for workload, batch in cells:
-            runs = [replay(traces[workload], batch, policy, controller, table, args.max_tokens)
+            runs = [replay(traces[workload], batch, engine, table, args.max_tokens)
                     for _ in range(args.warmups + args.repeats)][args.warmups:]
             r = dict(runs[-1], ms_per_token=float(np.median([x["ms_per_token"] for x in runs])),
                      ms_per_token_runs=[x["ms_per_token"] for x in runs])
@@ -217,5 +219,4 @@ def main():
 
 
 if __name__ == "__main__":
-    np.set_printoptions(precision=3)
     main()

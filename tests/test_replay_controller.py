@@ -39,27 +39,25 @@ def test_replay_counts_steps_tokens_and_drafts(replay_module, batch):
     copying = [_trace(rng, True, max_tokens) for _ in range(3)]
     fresh = [_trace(rng, False, max_tokens) for _ in range(3)]
 
-    plain = replay_module.replay(copying, batch, None, None, table, max_tokens)
+    plain = replay_module.replay(copying, batch, None, table, max_tokens)
     assert plain["steps"] == max_tokens and plain["drafts"] == 0
     assert plain["ms_per_token"] == pytest.approx(
         1e3 * table.step_time(batch, 0) * max_tokens / max_tokens)
 
-    static = replay_module.replay(copying, batch, "static", None, table, max_tokens)
+    static = replay_module.replay(copying, batch, "static", table, max_tokens)
     # The copy starts after one token of the prompt's first n-gram, then every draft lands.
     assert static["steps"] < max_tokens / 3
     assert static["acceptance_length"] > 3.5
     assert static["steps_by_length"] == {str(replay_module.K): static["steps"]}
 
-    missed = replay_module.replay(fresh, batch, "static", None, table, max_tokens)
+    missed = replay_module.replay(fresh, batch, "static", table, max_tokens)
     assert missed["steps"] == max_tokens and missed["accepted"] == 0
     assert missed["ms_per_token"] > plain["ms_per_token"]
 
     controller = policies["adaptive (default)"]()
-    adaptive = replay_module.replay(copying, batch, policies["adaptive (default)"], controller,
-                                    table, max_tokens)
+    adaptive = replay_module.replay(copying, batch, controller, table, max_tokens)
     assert adaptive["steps"] < max_tokens / 2  # it drafts where drafts land
-    off = replay_module.replay(fresh, batch, policies["adaptive (default)"], controller, table,
-                               max_tokens)
+    off = replay_module.replay(fresh, batch, controller, table, max_tokens)
     assert off["steps_by_length"].get("0", 0) > max_tokens / 2  # and stops where they miss
 
 
