@@ -13,11 +13,19 @@ on: ``--heldout-count`` of them are answered greedily first into ``heldout.npz``
 measured by the training stage). Training jobs are interleaved by ``SHARES`` so that any
 prefix of the work is a mix of every category. ``gen_summary.json`` records the sizes and the
 generation throughput (generated tokens per second of engine time).
+
+``--replicas N`` runs N engines side by side on one device, each in its own process with its
+share of the jobs (``--replica i/N``, every N-th job): a 135M target leaves an H100 mostly
+idle, and one engine's host loop (scheduling hundreds of sequences a step) is the limit, not
+the GPU. Replica 0 answers the held-out prompts; replica i writes ``train-r<i>-*.npz`` and
+``gen_summary-r<i>.json``, merged into ``gen_summary.json`` when all have finished.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,8 +39,11 @@ END_TOKENS = [2, 0]  # <|im_end|>, <|endoftext|>
 SHARES = {"chat": 0.4, "code": 0.25, "code_chat": 0.2, "prose": 0.15}
 
 
+_TAG = ""  # " r<i>" in a replica's lines
+
+
 def log(message: str) -> None:
-    print(f"[gen {time.time() - T0:6.1f}s] {message}", flush=True)
+    print(f"[gen{_TAG} {time.time() - T0:6.1f}s] {message}", flush=True)
 
 
 def parse_args(argv=None):
@@ -58,7 +69,19 @@ def parse_args(argv=None):
     p.add_argument("--shard-tokens", type=int, default=1_000_000)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--allow-native", action="store_true", help="run on vLLM's own platform too")
-    return p.parse_args(argv)
+    p.add_argument("--replicas", type=int, default=1, help="engines side by side (see above)")
+    p.add_argument("--replica", default="0/1", help="i/N: this process's share (set by --replicas)")
+    p.add_argument("--kv-cache-gib", type=float,
+                   help="KV cache per engine (vLLM's kv_cache_memory_bytes); replicas need it, "
+                        "since engines that profile memory side by side see each other's use")
+    args = p.parse_args(argv)
+    index, count = (int(x) for x in args.replica.split("/"))
+    if not 0 <= index < count:
+        p.error(f"--replica {args.replica}: want i/N with 0 <= i < N")
+    args.replica_index, args.replica_count = index, count
+    if args.replicas < 1 or (args.replicas > 1 and args.kv_cache_gib is None):
+        p.error("--replicas N needs N >= 1, and --kv-cache-gib when N > 1")
+    return args
 
 
 def render(prompts, tokenizer, max_prompt: int) -> list[dict]:
@@ -154,9 +177,53 @@ def run_jobs(llm, jobs, writer: ShardWriter, args, stop_at: float, shard_tokens:
             "wall_s": round(wall, 1), "generated_tokens_per_s": round(gen_tokens / max(wall, 1e-9), 1)}
 
 
+def run_replicas(args, argv) -> int:
+    """Start ``args.replicas`` copies of this stage, each on its share, and merge their summaries."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    children = []
+    for i in range(args.replicas):
+        child_argv = [a for a in argv] + ["--replicas", "1", "--replica", f"{i}/{args.replicas}",
+                                           "--workers", str(max(1, args.workers // args.replicas)),
+                                           "--gpu-memory-utilization",
+                                           str(round(args.gpu_memory_utilization / args.replicas, 3))]
+        env = dict(os.environ)
+        # Each engine compiles into its own cache: no two writers of one cache entry.
+        env["VLLM_CACHE_ROOT"] = os.path.join(env.get("VLLM_CACHE_ROOT", os.path.expanduser(
+            "~/.cache/vllm")), f"replica{i}")
+        children.append(subprocess.Popen([sys.executable, "-m", "training.stage_gen", *child_argv],
+                                         env=env))
+        log(f"replica {i}/{args.replicas} started (pid {children[-1].pid})")
+    codes = [c.wait() for c in children]
+    log(f"replicas finished: exit codes {codes}")
+    parts = [json.loads(p.read_text()) for p in sorted(args.data.glob("gen_summary-r*.json"))]
+    if not parts:
+        return 1
+    gen = sum(p["train"]["generated_tokens"] for p in parts)
+    wall = max(p["train"]["wall_s"] for p in parts)
+    merged = dict(parts[0])
+    merged["replicas"] = parts
+    merged["heldout"] = next((p["heldout"] for p in parts if p["heldout"]), None)
+    merged["train"] = {key: sum(p["train"][key] for p in parts)
+                       for key in ("jobs_total", "jobs_started", "finished", "aborted_at_deadline",
+                                   "generated_tokens")}
+    merged["train"].update(wall_s=wall, generated_tokens_per_s=round(gen / max(wall, 1e-9), 1))
+    merged["train_shards"] = {key: sum(p["train_shards"][key] for p in parts)
+                              for key in ("sequences", "tokens")}
+    merged["total_s"] = round(time.time() - T0, 1)
+    (args.data / "gen_summary.json").write_text(json.dumps(merged, indent=1))
+    log(f"done: {merged['train_shards']} from {len(parts)} engines in {merged['total_s']}s, "
+        f"{merged['train']['generated_tokens_per_s']} generated tok/s together")
+    return 0 if all(c == 0 for c in codes) else 1
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.data.mkdir(parents=True, exist_ok=True)
+    if args.replicas > 1:
+        return run_replicas(args, argv)
+    if args.replica_count > 1:
+        global _TAG
+        _TAG = f" r{args.replica_index}"
     import torch
     from transformers import AutoTokenizer
 
@@ -177,7 +244,8 @@ def main(argv=None) -> int:
     if args.limit_prompts:
         train = train[: args.limit_prompts]
     jobs = training_jobs(train, args.chat_samples, args.other_samples)
-    hjobs = heldout_jobs(held, args.heldout_count)
+    jobs = jobs[args.replica_index::args.replica_count]
+    hjobs = heldout_jobs(held, args.heldout_count) if args.replica_index == 0 else []
     log(f"{len(train)} training prompts -> {len(jobs)} jobs; {len(held)} held out "
         f"({len(hjobs)} answered for evaluation)")
 
@@ -191,6 +259,8 @@ def main(argv=None) -> int:
                          enable_prefix_caching=True, enforce_eager=args.enforce_eager)
     if cuda:
         engine_kwargs["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if args.kv_cache_gib is not None:
+        engine_kwargs["kv_cache_memory_bytes"] = int(args.kv_cache_gib * (1 << 30))
     llm = LLM(model=str(model), **engine_kwargs)
     engine_start = time.time() - t_engine
     if not type(current_platform).__module__.startswith("specdec_plugin") and not args.allow_native:
@@ -199,11 +269,14 @@ def main(argv=None) -> int:
     log(f"engine up in {engine_start:.1f}s on {type(current_platform).__name__} ({dtype})")
 
     stop_at = T0 + args.deadline_s - args.stop_margin_s
-    held_writer = ShardWriter(args.data, prefix="heldout")
-    held_stats = run_jobs(llm, hjobs, held_writer, args, stop_at, shard_tokens=1 << 62)
-    held_writer.flush(HELDOUT_NAME)
-    log(f"held-out answers: {held_stats}")
-    writer = ShardWriter(args.data, prefix="train")
+    held_stats = None
+    if hjobs:
+        held_writer = ShardWriter(args.data, prefix="heldout")
+        held_stats = run_jobs(llm, hjobs, held_writer, args, stop_at, shard_tokens=1 << 62)
+        held_writer.flush(HELDOUT_NAME)
+        log(f"held-out answers: {held_stats}")
+    prefix = "train" if args.replica_count == 1 else f"train-r{args.replica_index}"
+    writer = ShardWriter(args.data, prefix=prefix)
     stats = run_jobs(llm, jobs, writer, args, stop_at, args.shard_tokens)
     writer.flush()
     log(f"training answers: {stats}")
@@ -218,7 +291,8 @@ def main(argv=None) -> int:
         "train_shards": {"sequences": writer.written_sequences, "tokens": writer.written_tokens},
         "total_s": round(time.time() - T0, 1),
     }
-    (args.data / "gen_summary.json").write_text(json.dumps(summary, indent=1))
+    name = "gen_summary.json" if args.replica_count == 1 else f"gen_summary-r{args.replica_index}.json"
+    (args.data / name).write_text(json.dumps(summary, indent=1))
     log(f"done: {summary['train_shards']} in {summary['total_s']}s, "
         f"{stats['generated_tokens_per_s']} generated tok/s")
     return 0
