@@ -68,8 +68,8 @@ def _fastest_seconds(fn, sync) -> float:
     """The fastest of REPEATS timed runs. Not the median: on a busy host (an API server, a
     tokenizer or another job sharing the cores) most runs of a few-millisecond CPU step can be
     stretched by preemption, and one stretched point, raised into every larger size by the
-    monotone fix-up below, told the controller that no draft pays: a CI simulation at load ~15
-    served an n-gram engine with zero drafts. The fastest run is the step's own cost."""
+    monotone fix-up of the time (see ``monotone``), told the controller that no draft pays: a
+    CI simulation at load ~15 served an n-gram engine with zero drafts. The fastest run is the step's own cost."""
     fn()  # warm-up: the first use of a size may compile or allocate
     sync()
     times = []
@@ -79,6 +79,18 @@ def _fastest_seconds(fn, sync) -> float:
         sync()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def monotone(times: list[float]) -> list[float]:
+    """``times`` (by increasing token count) made non-decreasing, each lowered to the smallest
+    time measured at as many tokens or more. Timing noise only ever adds time, so the smaller
+    of two times is the better one. The earlier fix-up raised each time to the largest at fewer
+    tokens instead, which carried one slow point into every larger size: an H100 EAGLE-3 engine
+    of session 17 read 0.78 ms for every drafter size (its first point, 1 token, and no later
+    point above it) where two engines beside it read 0.24-0.46 ms; the controller then expected
+    drafting to pay too little and kept it off on prose at batch 1 (1.05x of plain decoding;
+    the engine beside it, 0.38-0.46 ms and no resume margin, read 0.78x)."""
+    return list(np.minimum.accumulate(np.asarray(times, dtype=float)[::-1])[::-1])
 
 
 def measure_cost_table(run_target, run_drafter, counts: list[int], budget_s: float,
@@ -100,12 +112,7 @@ def measure_cost_table(run_target, run_drafter, counts: list[int], budget_s: flo
         measured.append(t)
         if time.perf_counter() - started > budget_s:
             break
-    # More tokens never take less time; a noisy point (another process on the core, a clock
-    # change) must not make a longer draft look free, so each time is raised to the largest
-    # time measured at fewer tokens.
-    target_s = list(np.maximum.accumulate(target_s))
-    drafter_s = list(np.maximum.accumulate(drafter_s)) if drafter_s else drafter_s
-    sample_s = list(np.maximum.accumulate(sample_s)) if sample_s else sample_s
+    target_s, drafter_s, sample_s = (monotone(s) for s in (target_s, drafter_s, sample_s))
     table = CostTable(tuple(measured), tuple(target_s),
                       tuple(drafter_s) if run_drafter is not None else None,
                       drafter_syncs_at_zero=run_drafter is not None,
