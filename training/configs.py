@@ -18,7 +18,7 @@ DRAFT_HIDDEN, DRAFT_LAYERS, DRAFT_INTER = 144, 2, 512
 DRAFT_HEADS, DRAFT_KV_HEADS = 3, 3
 EAGLE_INTER = 1536
 EAGLE3_INTER = 768
-EAGLE3_DRAFT_VOCAB = 6144
+EAGLE3_DRAFT_VOCAB = 16384
 EAGLE3_AUX_LAYERS = [2, 15, 27]  # vLLM's default for a 30-layer target: (2, n // 2, n - 3)
 
 LR = {"draft_model": 3e-3, "eagle": 1e-3, "eagle3": 1e-3, "mtp": 5e-4}

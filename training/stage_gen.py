@@ -177,6 +177,23 @@ def run_jobs(llm, jobs, writer: ShardWriter, args, stop_at: float, shard_tokens:
             "wall_s": round(wall, 1), "generated_tokens_per_s": round(gen_tokens / max(wall, 1e-9), 1)}
 
 
+def merge_summaries(parts: list[dict]) -> dict:
+    """One summary for replicas that ran side by side: counts add up; the rate is all generated
+    tokens over the longest replica's generation time (they overlap, so not the sum of times)."""
+    gen = sum(p["train"]["generated_tokens"] for p in parts)
+    wall = max(p["train"]["wall_s"] for p in parts)
+    merged = dict(parts[0])
+    merged["replicas"] = parts
+    merged["heldout"] = next((p["heldout"] for p in parts if p["heldout"]), None)
+    merged["train"] = {key: sum(p["train"][key] for p in parts)
+                       for key in ("jobs_total", "jobs_started", "finished", "aborted_at_deadline",
+                                   "generated_tokens")}
+    merged["train"].update(wall_s=wall, generated_tokens_per_s=round(gen / max(wall, 1e-9), 1))
+    merged["train_shards"] = {key: sum(p["train_shards"][key] for p in parts)
+                              for key in ("sequences", "tokens")}
+    return merged
+
+
 def run_replicas(args, argv) -> int:
     """Start ``args.replicas`` copies of this stage, each on its share, and merge their summaries."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -198,17 +215,7 @@ def run_replicas(args, argv) -> int:
     parts = [json.loads(p.read_text()) for p in sorted(args.data.glob("gen_summary-r*.json"))]
     if not parts:
         return 1
-    gen = sum(p["train"]["generated_tokens"] for p in parts)
-    wall = max(p["train"]["wall_s"] for p in parts)
-    merged = dict(parts[0])
-    merged["replicas"] = parts
-    merged["heldout"] = next((p["heldout"] for p in parts if p["heldout"]), None)
-    merged["train"] = {key: sum(p["train"][key] for p in parts)
-                       for key in ("jobs_total", "jobs_started", "finished", "aborted_at_deadline",
-                                   "generated_tokens")}
-    merged["train"].update(wall_s=wall, generated_tokens_per_s=round(gen / max(wall, 1e-9), 1))
-    merged["train_shards"] = {key: sum(p["train_shards"][key] for p in parts)
-                              for key in ("sequences", "tokens")}
+    merged = merge_summaries(parts)
     merged["total_s"] = round(time.time() - T0, 1)
     (args.data / "gen_summary.json").write_text(json.dumps(merged, indent=1))
     log(f"done: {merged['train_shards']} from {len(parts)} engines in {merged['total_s']}s, "
