@@ -199,10 +199,10 @@ def run_replicas(args, argv) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     children = []
     for i in range(args.replicas):
-        child_argv = [a for a in argv] + ["--replicas", "1", "--replica", f"{i}/{args.replicas}",
-                                           "--workers", str(max(1, args.workers // args.replicas)),
-                                           "--gpu-memory-utilization",
-                                           str(round(args.gpu_memory_utilization / args.replicas, 3))]
+        child_argv = argv + ["--replicas", "1", "--replica", f"{i}/{args.replicas}",
+                             "--workers", str(max(1, args.workers // args.replicas)),
+                             "--gpu-memory-utilization",
+                             str(round(args.gpu_memory_utilization / args.replicas, 3))]
         env = dict(os.environ)
         # Each engine compiles into its own cache: no two writers of one cache entry.
         env["VLLM_CACHE_ROOT"] = os.path.join(env.get("VLLM_CACHE_ROOT", os.path.expanduser(
