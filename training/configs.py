@@ -18,7 +18,10 @@ DRAFT_HIDDEN, DRAFT_LAYERS, DRAFT_INTER = 144, 2, 512
 DRAFT_HEADS, DRAFT_KV_HEADS = 3, 3
 EAGLE_INTER = 1536
 EAGLE3_INTER = 768
-EAGLE3_DRAFT_VOCAB = 16384
+# vLLM splits the draft LM head over tensor-parallel ranks (rows padded to 64) and SmolLM2's only
+# tensor-parallel size above 1 is 3 (3 KV heads): a draft vocabulary divides by 3 x 64.
+EAGLE3_VOCAB_MULTIPLE = 3 * 64
+EAGLE3_DRAFT_VOCAB = 16320  # 85 x 192; covers ~99.3% of session 17's data
 EAGLE3_AUX_LAYERS = [2, 15, 27]  # vLLM's default for a 30-layer target: (2, n // 2, n - 3)
 
 LR = {"draft_model": 3e-3, "eagle": 1e-3, "eagle3": 1e-3, "mtp": 5e-4}

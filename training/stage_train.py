@@ -74,7 +74,12 @@ def parse_args(argv=None):
                         "as its draft vocabulary; its layers are kept (see revocab_eagle3)")
     p.add_argument("--eval-seqs", type=int, default=256)
     p.add_argument("--cpu", action="store_true", help="force the CPU (smoke runs)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.draft_vocab % configs.EAGLE3_VOCAB_MULTIPLE:
+        p.error(f"--draft-vocab {args.draft_vocab}: want a multiple of "
+                f"{configs.EAGLE3_VOCAB_MULTIPLE}, or vLLM cannot split EAGLE-3's LM head over "
+                "SmolLM2's 3 tensor-parallel ranks")
+    return args
 
 
 def eagle3_vocab(shard: dict, size: int, vocab: int) -> torch.Tensor:

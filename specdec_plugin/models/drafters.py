@@ -6,7 +6,7 @@ recipe and measured agreement in ``training/README.md``; packed as row-wise int8
 - ``draft_model``: a 2-layer, 144-wide Llama with the target's tokenizer (tied embeddings).
 - ``eagle``: an EAGLE-1 head (fc 2d->d + one decoder layer); embed/lm_head come from the target.
 - ``eagle3``: an EAGLE-3 head (fc over target layers 2/15/27, one decoder layer, own norm and a
-  16384-token draft vocabulary with d2t/t2d maps); embeddings come from the target.
+  16320-token draft vocabulary with d2t/t2d maps); embeddings come from the target.
 - ``mtp``: one MiMo-format MTP layer. vLLM runs MTP only for a target whose architecture has
   it, so ``drafter_checkpoint("mtp")`` builds a full ``MiMoForCausalLM`` checkpoint (SmolLM2's
   weights as Qwen2 with zero q/k/v biases, plus the layer) and that directory is the *target*.

@@ -17,7 +17,7 @@ draft model) and padded_drafters.py (EAGLE-1 / EAGLE-3 heads).
 - eagle / eagle3 heads: hidden 2304 (they read the target's hidden states), heads 36/12, MLP
   14336 (a 7B target's layer, as real EAGLE heads for 7-8B targets have), one layer each;
   EAGLE-3's aux layers stay 2/15/27, set explicitly in its config. EAGLE-1: 123,865,344
-  parameters; EAGLE-3: 175,776,768 (with its 16384-token LM head; 152,183,808 with the 6144-token
+  parameters; EAGLE-3: 175,629,312 (with its 16320-token LM head; 152,183,808 with the 6144-token
   head shipped until session 17).
 - mtp is not built: vLLM runs MTP only with a target whose architecture carries the layer
   (MiMo, a Qwen2 with q/k/v biases), which means a second 14 GB target of another architecture.

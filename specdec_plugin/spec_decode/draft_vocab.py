@@ -1,7 +1,7 @@
 """Greedy drafting over a draft vocabulary, without widening its logits to the target's.
 
 Why: an EAGLE-3 drafter may predict over a smaller vocabulary than its target (SmolLM2's
-shipped one: 16384 of 49152 tokens), with ``draft_id_to_target_id`` (``d2t``) giving each draft
+shipped one: 16320 of 49152 tokens), with ``draft_id_to_target_id`` (``d2t``) giving each draft
 index ``k`` its target id ``k + d2t[k]``. vLLM's ``compute_logits`` for these drafters widens
 every row to the full vocabulary (a -inf fill and a scatter) and the proposer then takes the
 argmax of that: on the CPU about 5% of an EAGLE-3 step went there (BENCHMARKS.md). vLLM's
