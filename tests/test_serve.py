@@ -1,7 +1,7 @@
 """A real ``vllm serve`` subprocess on our platform (CPU, SmolLM2-135M-Instruct fp32), driven
 through the ``openai`` client: completions and chat, streamed and not, usage counts, Prometheus
-metrics, bad requests, concurrency, a clean shutdown on SIGTERM, and a server with n-gram
-speculative decoding.
+metrics, bad requests, concurrency, a clean shutdown on SIGTERM, and servers with n-gram
+speculative decoding and with the README's EAGLE-3 command.
 
 One server serves the whole module (start costs about a minute on 2 cores); the shutdown test
 stops it, so it comes after every test that sends requests to it.
@@ -14,6 +14,7 @@ import signal
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -284,6 +285,38 @@ def test_ngram_speculative_server_answers_greedily(tmp_path_factory, smollm2_pat
             metrics["vllm:spec_decode_num_drafts_total"], lengths
         assert lengths.get(0, 0) > 0, lengths
         assert "adaptive drafting on" in srv.log_tail(100000)
+    finally:
+        if srv.process.poll() is None:
+            _assert_stopped_cleanly(srv)
+
+
+def _readme_speculative_config(drafter_path: str) -> dict:
+    """The speculative config of the README's serve command, the drafter's path filled in
+    where the command asks `specdec-models drafter eagle3` for it."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    line = next(l for l in readme.splitlines() if 'vllm serve "$(specdec-models fetch smollm2-135m)"' in l)
+    quoted = line.split("--speculative-config '", 1)[1].rsplit("'", 1)[0]
+    return json.loads(quoted.replace("'\"$(specdec-models drafter eagle3)\"'", drafter_path))
+
+
+def test_readme_eagle3_server_answers_greedily(tmp_path_factory, smollm2_path):
+    """The README's main command: `vllm serve` SmolLM2 with the shipped EAGLE-3 drafter."""
+    from specdec_plugin.models.drafters import drafter_checkpoint
+    from tests.hf_reference import hf_greedy_token_ids, tokenize
+
+    config = _readme_speculative_config(str(drafter_checkpoint("eagle3")))
+    assert config["method"] == "eagle3" and config["num_speculative_tokens"] >= 1, config
+    srv = _start_server(tmp_path_factory, "serve_eagle3",
+                        ["--max-model-len", "2048", "--speculative-config", json.dumps(config)])
+    try:
+        client = _client(srv)
+        for prompt in (CAPITAL_PROMPT, "def fibonacci(n):"):
+            resp = client.completions.create(model=srv.model, prompt=prompt,
+                                             **_greedy(24, ignore_eos=True, return_token_ids=True))
+            assert resp.choices[0].token_ids == hf_greedy_token_ids(
+                smollm2_path, tokenize(smollm2_path, prompt), 24), prompt
+        metrics = _metric_totals(srv)
+        assert metrics.get("vllm:spec_decode_num_accepted_tokens_total", 0) > 0, metrics
     finally:
         if srv.process.poll() is None:
             _assert_stopped_cleanly(srv)
