@@ -4,8 +4,9 @@ Re-split the device kit (../shared/devkit/build.sh output) into smaller parts.
 
 Each device run carries the working tree plus one part under a 64 MiB cap (67.1 MB); with the
 drafters in specdec_plugin/assets the tracked tree is ~35 MB (since 2026-11-26), so parts must
-stay under ~31.5 MB (the kit's own are 55 MB; 36 MB ones failed at the cap). This re-cuts the vLLM archive and regroups the wheels into parts of at most --max-mb, each with the
-devkit's own stage.sh and a PARTS count, exactly as build.sh lays them out.
+stay under ~31.5 MB (the kit's own are 55 MB; 36 MB ones failed at the cap). This re-cuts the
+vLLM archive and regroups the wheels into parts of at most --max-mb, each with the devkit's own
+stage.sh and a PARTS count, exactly as build.sh lays them out.
 
     bash ../shared/devkit/build.sh /tmp/devkit && python scripts/devkit_resplit.py /tmp/devkit .devkit
     # then one device run per part, in order: carry .devkit/partN, run `bash .devkit/partN/stage.sh`

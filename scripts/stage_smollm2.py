@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import math
 import os
 import shutil
 
@@ -52,7 +53,8 @@ def main() -> None:
         data = f.read()
     # Equal pieces, the gguf wheel beside the last: each part plus the ~35 MB tracked tree must
     # stay under the device's 64 MiB per call (a 32 MB piece plus gguf failed at the cap).
-    size = -(-len(data) // -(-len(data) // limit))
+    count = math.ceil(len(data) / limit)
+    size = math.ceil(len(data) / count)
     pieces = [data[i:i + size] for i in range(0, len(data), size)]
     for index, piece in enumerate(pieces, start=1):
         part = os.path.join(args.out, f"smol{index}")
