@@ -42,6 +42,19 @@ def _greedy(max_tokens: int, **extra_body) -> dict:
     return {"temperature": 0.0, "max_tokens": max_tokens, "extra_body": extra_body or None}
 
 
+def _assert_greedy_equals_hf(client, server: VllmServer, model_path, prompt: str,
+                             max_tokens: int) -> str:
+    """One greedy completion (EOS ignored) whose token ids must equal transformers' greedy ones;
+    returns its text."""
+    from tests.hf_reference import hf_greedy_token_ids, tokenize
+
+    resp = client.completions.create(model=server.model, prompt=prompt,
+                                     **_greedy(max_tokens, ignore_eos=True, return_token_ids=True))
+    assert resp.choices[0].token_ids == hf_greedy_token_ids(
+        model_path, tokenize(model_path, prompt), max_tokens), prompt
+    return resp.choices[0].text
+
+
 def _assert_stopped_cleanly(server: VllmServer) -> None:
     code = server.stop(timeout_s=SHUTDOWN_TIMEOUT_S, sig=signal.SIGTERM)
     assert code == 0, (f"vllm serve exit code {code} after SIGTERM (None: still running after "
@@ -254,26 +267,17 @@ def test_sigterm_shuts_down_cleanly(server):
 # --- speculative decoding ---------------------------------------------------------------------
 
 def test_ngram_speculative_server_answers_greedily(tmp_path_factory, smollm2_path):
-    from tests.hf_reference import hf_greedy_token_ids, tokenize
-
     # With the adaptive draft-length controller, as users get it by default.
     srv = _start_server(tmp_path_factory, "serve_ngram",
                         ["--speculative-config", json.dumps(NGRAM_SPEC_CONFIG)],
                         env={"SPECDEC_ADAPTIVE": "1"})
     try:
         client = _client(srv)
-        resp = client.completions.create(model=srv.model, prompt=CAPITAL_PROMPT,
-                                         **_greedy(16, ignore_eos=True, return_token_ids=True))
-        assert "Paris" in resp.choices[0].text
-        assert resp.choices[0].token_ids == hf_greedy_token_ids(
-            smollm2_path, tokenize(smollm2_path, CAPITAL_PROMPT), 16)
+        assert "Paris" in _assert_greedy_equals_hf(client, srv, smollm2_path, CAPITAL_PROMPT, 16)
         # A prompt that repeats itself gives the n-gram proposer something to draft; speculative
         # decoding must not change the greedy answer.
         looping = PROMPTS[6] + " jumps over the lazy dog. " * 6 + PROMPTS[6]
-        resp = client.completions.create(model=srv.model, prompt=looping,
-                                         **_greedy(24, ignore_eos=True, return_token_ids=True))
-        assert resp.choices[0].token_ids == hf_greedy_token_ids(
-            smollm2_path, tokenize(smollm2_path, looping), 24)
+        _assert_greedy_equals_hf(client, srv, smollm2_path, looping, 24)
         metrics = _metric_totals(srv)
         assert metrics.get("vllm:spec_decode_num_draft_tokens_total", 0) > 0, \
             "no draft tokens proposed: speculative decoding did not run"
@@ -302,7 +306,6 @@ def _readme_speculative_config(drafter_path: str) -> dict:
 def test_readme_eagle3_server_answers_greedily(tmp_path_factory, smollm2_path):
     """The README's main command: `vllm serve` SmolLM2 with the shipped EAGLE-3 drafter."""
     from specdec_plugin.models.drafters import drafter_checkpoint
-    from tests.hf_reference import hf_greedy_token_ids, tokenize
 
     config = _readme_speculative_config(str(drafter_checkpoint("eagle3")))
     assert config["method"] == "eagle3" and config["num_speculative_tokens"] >= 1, config
@@ -311,10 +314,7 @@ def test_readme_eagle3_server_answers_greedily(tmp_path_factory, smollm2_path):
     try:
         client = _client(srv)
         for prompt in (CAPITAL_PROMPT, "def fibonacci(n):"):
-            resp = client.completions.create(model=srv.model, prompt=prompt,
-                                             **_greedy(24, ignore_eos=True, return_token_ids=True))
-            assert resp.choices[0].token_ids == hf_greedy_token_ids(
-                smollm2_path, tokenize(smollm2_path, prompt), 24), prompt
+            _assert_greedy_equals_hf(client, srv, smollm2_path, prompt, 24)
         metrics = _metric_totals(srv)
         assert metrics.get("vllm:spec_decode_num_accepted_tokens_total", 0) > 0, metrics
     finally:
