@@ -81,7 +81,9 @@ def _spec_runner(device, k, drafter=True, rates=None):
     return SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=k),
         device_layer=SimpleNamespace(kernel_providers=("triton", "torch")), device=device,
-        model_config=SimpleNamespace(get_vocab_size=lambda: 96),
+        model_config=SimpleNamespace(get_vocab_size=lambda: 96, max_model_len=2048),
+        cache_config=SimpleNamespace(block_size=16),
+        input_batch=SimpleNamespace(block_table=[SimpleNamespace(max_num_blocks_per_req=128)]),
         rejection_sampler=SimpleNamespace(synthetic_conditional_rates=rates),
         drafter=SimpleNamespace(prepare_next_token_ids_padded=object()) if drafter else None)
 
@@ -98,19 +100,21 @@ def test_spec_decode_kernels_launch_the_variants_served_steps_compiled(monkeypat
     from tests.ops.providers import small_shape_device
 
     device = small_shape_device()
-    calls = {name: [] for name in ("greedy", "next", "prepare")}
+    calls = {name: [] for name in ("greedy", "next", "prepare", "step")}
     monkeypatch.setattr(rejection, "_greedy_kernel", _Spy(rejection._greedy_kernel, calls["greedy"]))
     monkeypatch.setattr(spec_prep, "_next_token_padded_kernel",
                         _Spy(spec_prep._next_token_padded_kernel, calls["next"]))
     monkeypatch.setattr(spec_prep, "_prepare_inputs_padded_kernel",
                         _Spy(spec_prep._prepare_inputs_padded_kernel, calls["prepare"]))
+    monkeypatch.setattr(spec_prep, "_eagle_step_kernel",
+                        _Spy(spec_prep._eagle_step_kernel, calls["step"]))
     k = 4
     rates = torch.rand(k, device=device) if synthetic else None
 
     ops = compile_spec_decode_kernels(_spec_runner(device, k, rates=rates))
 
     assert ops == ["rejection_greedy_sample", "eagle_prepare_next_token_padded",
-                   "eagle_prepare_inputs_padded"]
+                   "eagle_prepare_inputs_padded", "eagle_step_slot_mapping_metadata"]
     assert len(calls["greedy"]) == k  # one per draft length 1..K
     for args, constexprs in calls["greedy"]:
         assert constexprs == {"HAS_IS_GREEDY": False, "SYNTHETIC": synthetic, "BLOCK": 16}
@@ -125,6 +129,21 @@ def test_spec_decode_kernels_launch_the_variants_served_steps_compiled(monkeypat
         assert args[-1] == args[0].shape[1]  # num_cols: every column is read
     (args, constexprs), = calls["prepare"]
     assert constexprs == {"BLOCK": 128} and set(_dtypes(args)) == {torch.int32}
+    # The drafter's step update, with the live call's classes: int64 positions and slots,
+    # int32 sequence lengths and block table, the table as wide as the runner's rows.
+    (args, _), = calls["step"]
+    pos, table, stride, width, seq_lens, out_pos, out_slot = args[:7]
+    assert [t.dtype for t in (pos, table, seq_lens, out_pos, out_slot)] == [
+        torch.int64, torch.int32, torch.int32, torch.int64, torch.int64]
+    assert stride == width == 128 and args[7:9] == (16, 2048)
+
+
+def test_a_single_draft_token_needs_no_step_update(monkeypatch):
+    from specdec_plugin.worker.kernel_warmup import compile_spec_decode_kernels
+    from tests.ops.providers import small_shape_device
+
+    ops = compile_spec_decode_kernels(_spec_runner(small_shape_device(), 1))
+    assert "eagle_step_slot_mapping_metadata" not in ops  # K=1: vLLM drafts one token only
 
 
 def test_spec_decode_kernels_without_a_padded_drafter_warm_only_the_sampler():

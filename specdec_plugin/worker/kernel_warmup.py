@@ -132,4 +132,27 @@ def compile_spec_decode_kernels(runner) -> list[str]:
             torch.empty(1, dtype=torch.int32, device=device),
             torch.empty(1, dtype=torch.int32, device=device), 1)
         launched += ["eagle_prepare_next_token_padded", "eagle_prepare_inputs_padded"]
+        if k > 1:
+            _launch_eagle_step(runner, providers, device)
+            launched.append("eagle_step_slot_mapping_metadata")
     return launched
+
+
+def _launch_eagle_step(runner, providers, device) -> None:
+    """The drafter's per-step position and slot update, which vLLM launches between draft
+    tokens 2..K. Seen on the H100 (session 18, JIT monitor): an EAGLE-3 engine compiled
+    ``_eagle_step_kernel`` at its first batch-1 request, after start-up; drafting steps that
+    replay a recorded graph never reach it at start. Live classes (vLLM's
+    ``_update_positions_dependent_metadata``): int64 positions and slots, int32 sequence
+    lengths, and the runner's int32 block table, as wide as its rows."""
+    from specdec_plugin.ops.registry import get_kernel
+
+    block_size = int(runner.cache_config.block_size)
+    width = _block_table_width(runner, block_size)
+    get_kernel("eagle_step_slot_mapping_metadata", providers)(
+        torch.zeros(1, dtype=torch.int64, device=device),
+        torch.zeros(1, width, dtype=torch.int32, device=device),  # the null block
+        torch.ones(1, dtype=torch.int32, device=device),
+        torch.empty(1, dtype=torch.int64, device=device),
+        torch.empty(1, dtype=torch.int64, device=device),
+        block_size, int(runner.model_config.max_model_len), 1, 1)
