@@ -3,8 +3,9 @@
 Re-split the device kit (../shared/devkit/build.sh output) into smaller parts.
 
 Each device run carries the working tree plus one part under a 64 MiB cap (67.1 MB); with the
-drafters in specdec_plugin/assets the tracked tree is ~35 MB (since 2026-11-26), so parts must
-stay under ~31.5 MB (the kit's own are 55 MB; 36 MB ones failed at the cap). This re-cuts the
+drafters in specdec_plugin/assets the tracked tree is ~35.4 MB (since 2026-11-26), so parts must
+stay under ~29 MB (the kit's own are 55 MB; 36 MB ones failed at the cap, and so did a 31.5 MB
+part once the tree had grown: the cap seems to count disk blocks, not bytes). This re-cuts the
 vLLM archive and regroups the wheels into parts of at most --max-mb, each with the devkit's own
 stage.sh and a PARTS count, exactly as build.sh lays them out.
 
@@ -24,7 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("kit")
     parser.add_argument("out")
-    parser.add_argument("--max-mb", type=float, default=31.5)
+    parser.add_argument("--max-mb", type=float, default=29)
     parser.add_argument("--stage", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "devkit", "stage.sh"))
     args = parser.parse_args()
     limit = int(args.max_mb * 1e6)

