@@ -44,6 +44,11 @@ def load(path: Path = PATH) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def chat_questions(path: Path = PATH) -> list[str]:
+    """The evaluation's chat questions as text (its names are ``chat/<question>``)."""
+    return [p["name"].removeprefix("chat/") for p in load(path)["chat"]]
+
+
 def main() -> int:
     from transformers import AutoTokenizer
 

@@ -4,7 +4,8 @@ Sources (every prompt is a dict {"name", "category", "text", "chat"}; ``chat`` p
 instruction the generation stage wraps in SmolLM2's chat template, the others are raw text the
 target continues):
 
-- ``chat``: templated instructions (``chat_instructions.py``), a few thousand.
+- ``chat``: templated instructions (``chat_instructions.py``), a few thousand, and questions
+  SmolLM2 wrote itself (``self_instruct.py``).
 - ``code``: raw Python to continue, cut from the functions of the Python source files on the
   machine (standard library and installed packages): module imports + signature + docstring
   (or the first lines of the body); plus HumanEval's prompts when its file is given.
@@ -31,6 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from training.chat_instructions import all_instructions
+from training.self_instruct import load_questions
 
 CATEGORIES = ("chat", "code", "code_chat", "prose")
 HELDOUT_MOD = 40
@@ -180,8 +182,9 @@ def _prose_prompts(name: str, doc: str) -> list[dict]:
 
 
 def chat_prompts() -> list[dict]:
-    return [{"name": f"chat/{q}", "category": "chat", "chat": True, "text": q}
-            for q in all_instructions()]
+    """The templated instructions, then the questions SmolLM2 wrote (``self_instruct.py``)."""
+    questions = list(dict.fromkeys(all_instructions() + load_questions()))
+    return [{"name": f"chat/{q}", "category": "chat", "chat": True, "text": q} for q in questions]
 
 
 def humaneval_prompts(path: Path | None) -> list[dict]:
