@@ -53,14 +53,15 @@ def _check_golden(method: str, drafts: int, per_position: list[int]) -> None:
         return
     assert method in goldens, f"no golden for {method}: record with SPECDEC_RECORD_GOLDENS=1"
     want = goldens[method]
-    if goldens.get(GOLDEN_CPU_KEY, True) == _has_avx512f():
+    recorded_with_avx512f = goldens.get(GOLDEN_CPU_KEY, True)
+    if recorded_with_avx512f == _has_avx512f():
         assert have == want, f"{method}: acceptance {have} differs from golden {want}"
         return
     pairs = [(have["drafts"], want["drafts"])] + list(
         zip(have["accepted_per_position"], want["accepted_per_position"], strict=True))
     assert all(_within_slack(h, w) for h, w in pairs), (
         f"{method}: acceptance {have} is not within {GOLDEN_SLACK:.0%} of the golden {want} "
-        f"(recorded on a CPU {'with' if goldens.get(GOLDEN_CPU_KEY, True) else 'without'} "
+        f"(recorded on a CPU {'with' if recorded_with_avx512f else 'without'} "
         f"avx512f, this one differs)")
 
 

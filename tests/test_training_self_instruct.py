@@ -8,7 +8,7 @@ import pytest
 
 from training.self_instruct import (SEED_QUESTIONS, SHOTS, QuestionPool, ask_prompt, draw_shots,
                                     evaluation_questions, load_questions, normalize,
-                                    parse_question, too_close)
+                                    parse_question, too_close, word_set)
 
 
 def test_the_prompt_ends_where_the_next_question_starts():
@@ -35,7 +35,7 @@ def test_parse_question(completion, finished, want):
 
 
 def test_too_close_catches_a_rewording_but_not_a_new_question():
-    refs = [set(normalize("Why is the sky blue?").split())]
+    refs = [word_set("Why is the sky blue?")]
     assert too_close("Why is the sky blue at noon?", refs)
     assert not too_close("Why is the ocean salty?", refs)
 
@@ -53,7 +53,7 @@ def test_the_pool_drops_repeats_seeds_and_evaluation_questions():
 
 
 def test_no_seed_repeats_an_evaluation_question():
-    refs = [set(normalize(q).split()) for q in evaluation_questions()]
+    refs = [word_set(q) for q in evaluation_questions()]
     assert len(refs) >= 20
     close = [q for q in SEED_QUESTIONS if too_close(q, refs)]
     assert not close, close
@@ -77,7 +77,7 @@ def test_shipped_questions_are_new_plain_and_in_the_chat_prompts():
         pytest.skip("no self_instruct_questions.json shipped")
     assert len({normalize(q) for q in questions}) == len(questions)
     assert all(parse_question(q, True) == q for q in questions)
-    refs = [set(normalize(q).split()) for q in evaluation_questions()]
+    refs = [word_set(q) for q in evaluation_questions()]
     assert not [q for q in questions if too_close(q, refs)]
     names = {p["name"] for p in chat_prompts()}
     assert all(f"chat/{q}" in names for q in questions)

@@ -37,12 +37,12 @@ def held_out_first(texts: list[str], count: int, exclude: set[str]) -> list[str]
 
 def build(tokenizer, count: int) -> dict:
     from training.chat_instructions import all_instructions
-    from training.eval_prompts import load
+    from training.eval_prompts import chat_questions, load
     from training.self_instruct import load_questions
     from training.stage_gen import render
 
     evaluation = load()["chat"][:count]
-    asked = {p["name"].removeprefix("chat/") for p in evaluation}
+    asked = set(chat_questions())
     sets = {"templated": held_out_first(all_instructions(), count, asked),
             "self_instruct": held_out_first(load_questions(), count, asked)}
     out = {"eval_chat": [{"name": p["name"], "prompt_token_ids": p["prompt_token_ids"]}

@@ -138,14 +138,15 @@ def normalize(text: str) -> str:
     return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
 
 
-def _words(text: str) -> set[str]:
+def word_set(text: str) -> set[str]:
+    """The normalized words of ``text``: what ``too_close`` compares."""
     return set(normalize(text).split())
 
 
 def too_close(question: str, references: list[set[str]]) -> bool:
     """Whether ``question`` repeats one of ``references`` (word sets): Jaccard overlap at least
     ``CLOSE_JACCARD``. Used to keep the evaluation's chat questions out of training."""
-    words = _words(question)
+    words = word_set(question)
     return any(len(words & ref) >= CLOSE_JACCARD * len(words | ref) for ref in references)
 
 
@@ -190,7 +191,7 @@ class QuestionPool:
 
     def __init__(self, excluded: list[str], references: list[str]):
         self.seen = {normalize(q) for q in excluded}
-        self.references = [_words(q) for q in references]
+        self.references = [word_set(q) for q in references]
         self.questions: list[str] = []
         self.rejected = {"unusable": 0, "duplicate": 0, "evaluation": 0}
 
