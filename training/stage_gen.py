@@ -60,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--heldout-count", type=int, default=256)
     p.add_argument("--chat-samples", type=int, default=3)
     p.add_argument("--other-samples", type=int, default=1)
+    p.add_argument("--chat-share", type=float, default=SHARES["chat"],
+                   help="share of training jobs that are chat (the rest keep their ratios)")
     p.add_argument("--max-new", type=int, default=256)
     p.add_argument("--max-prompt", type=int, default=768)
     p.add_argument("--max-num-seqs", type=int, default=512)
@@ -79,6 +81,10 @@ def parse_args(argv=None):
     if not 0 <= index < count:
         p.error(f"--replica {args.replica}: want i/N with 0 <= i < N")
     args.replica_index, args.replica_count = index, count
+    try:
+        args.shares = shares_with_chat(args.chat_share)
+    except ValueError as e:
+        p.error(str(e))
     if args.replicas < 1 or (args.replicas > 1 and args.kv_cache_gib is None):
         p.error("--replicas N needs N >= 1, and --kv-cache-gib when N > 1")
     return args
@@ -100,15 +106,25 @@ def render(prompts, tokenizer, max_prompt: int) -> list[dict]:
     return [dict(p, ids=i) for p, i in zip(prompts, ids) if 0 < len(i) <= max_prompt]
 
 
-def training_jobs(prompts, chat_samples: int, other_samples: int) -> list[tuple[dict, bool]]:
-    """(prompt, greedy) jobs, interleaved by SHARES: job j of a category is placed at j/share."""
+def shares_with_chat(chat_share: float) -> dict[str, float]:
+    """SHARES with chat set to ``chat_share`` and the other categories scaled to the rest."""
+    if not 0.0 < chat_share < 1.0:
+        raise ValueError(f"--chat-share {chat_share}: want a share strictly between 0 and 1")
+    rest = 1.0 - SHARES["chat"]
+    return {c: chat_share if c == "chat" else s * (1.0 - chat_share) / rest
+            for c, s in SHARES.items()}
+
+
+def training_jobs(prompts, chat_samples: int, other_samples: int,
+                  shares: dict[str, float] = SHARES) -> list[tuple[dict, bool]]:
+    """(prompt, greedy) jobs, interleaved by shares: job j of a category is placed at j/share."""
     keyed = []
     for cat in CATEGORIES:
         jobs = []
         for p in (p for p in prompts if p["category"] == cat):
             n = chat_samples if cat == "chat" else other_samples
             jobs += [(p, True)] + [(p, False)] * n
-        keyed += [(j / SHARES[cat], cat, job) for j, job in enumerate(jobs)]
+        keyed += [(j / shares[cat], cat, job) for j, job in enumerate(jobs)]
     keyed.sort(key=lambda t: (t[0], t[1]))
     return [job for _, _, job in keyed]
 
@@ -250,7 +266,7 @@ def main(argv=None) -> int:
     train = [p for p in prompts if not is_heldout(p["name"])]
     if args.limit_prompts:
         train = train[: args.limit_prompts]
-    jobs = training_jobs(train, args.chat_samples, args.other_samples)
+    jobs = training_jobs(train, args.chat_samples, args.other_samples, args.shares)
     jobs = jobs[args.replica_index::args.replica_count]
     hjobs = heldout_jobs(held, args.heldout_count) if args.replica_index == 0 else []
     log(f"{len(train)} training prompts -> {len(jobs)} jobs; {len(held)} held out "
