@@ -3,8 +3,9 @@
 - ``eval_chat``: the evaluation's chat questions (``heldout_eval_prompts.json``), free-form;
 - ``templated``: held-out templated instructions (``chat_instructions.py``) of the kind the
   drafters were trained on, none of them an evaluation question;
-- ``self_instruct``: held-out questions SmolLM2 wrote (``self_instruct.py``), which no shipped
-  drafter has been trained on.
+- ``self_instruct``: held-out questions SmolLM2 wrote (``self_instruct.py``). No drafter saw
+  them; the EAGLE-3 shipped since session 20 trained on the rest of that file, so for it this
+  set is held-out chat of a kind it knows, no longer an unseen kind.
 
 Written in the evaluation's prompt-file format, for ``eval_acceptance --prompts``:
 
