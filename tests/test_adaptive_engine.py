@@ -21,11 +21,14 @@ def _greedy(llm, prompts=PROMPTS, max_tokens=MAX_TOKENS):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def _run(engines, target, spec):
+def _run(engines, target, spec, one_at_a_time=False):
     llm = engines.get(target, metrics=True, adaptive=True, enable_prefix_caching=False,
                       disable_log_stats=False, speculative_config=spec)
     before = counters(llm)
-    got = _greedy(llm)
+    if one_at_a_time:
+        got = [out for prompt in PROMPTS for out in _greedy(llm, [prompt])]
+    else:
+        got = _greedy(llm)
     after = counters(llm)
     delta = {name: counter_delta(before, after, name) for name in after}
     return got, delta
@@ -62,14 +65,18 @@ def test_controller_stops_drafting_when_no_draft_lands(engines, smollm2_path):
 
 def test_controller_drafts_k_when_every_draft_lands(engines, smollm2_path):
     # Acceptance length K+1: every draft token is accepted (whatever it is: synthetic
-    # acceptance measures the machinery, and its output is not the target's).
-    _, delta = _run(engines, smollm2_path, _synthetic(K + 1.0))
+    # acceptance measures the machinery, and its output is not the target's). One request at a
+    # time: at batch 1 verifying K+1 tokens costs about what verifying 2 does (the step reads
+    # the weights once), so K is the best length on any machine. At batch 8 on 2 CPU cores the
+    # step is compute-bound and the answer hangs on the measured costs, which vary between
+    # starts: on 2026-11-27 CI drafted 2 of 3 tokens on most steps, and a run here, whose table
+    # read 81 ms for 16 tokens and 180 ms for 32 (116 ms at the next start), drafted 1.
+    _, delta = _run(engines, smollm2_path, _synthetic(K + 1.0), one_at_a_time=True)
     drafts = delta["vllm:spec_decode_num_drafts"]
     per_pos = delta["vllm:spec_decode_num_accepted_tokens_per_pos"]
     assert delta["vllm:spec_decode_num_accepted_tokens"] == delta["vllm:spec_decode_num_draft_tokens"]
     # Drafts have K tokens, except each request's last, which vLLM cuts to max_tokens, and a
-    # few steps where the measured cost table says K-1 pays as well: verifying K on 2 CPU
-    # cores is not free (CI, 2026-11-25: 78 of 88 drafts at K, 80 expected).
+    # few steps where the measured cost table says K-1 pays as well.
     assert per_pos[0] == drafts and per_pos[K - 1] >= 0.9 * (drafts - len(PROMPTS)), delta
     assert delta["vllm:spec_decode_num_draft_tokens"] >= (K - 0.5) * drafts, delta
     # Each request: one prefill step, then steps of K+1 tokens.
