@@ -64,21 +64,52 @@ def _one_drafter_pass(drafter):
         drafter.num_speculative_tokens = saved
 
 
-def _fastest_seconds(fn, sync) -> float:
-    """The fastest of REPEATS timed runs. Not the median: on a busy host (an API server, a
-    tokenizer or another job sharing the cores) most runs of a few-millisecond CPU step can be
-    stretched by preemption, and one stretched point, raised into every larger size by the
-    monotone fix-up of the time (see ``monotone``), told the controller that no draft pays: a
-    CI simulation at load ~15 served an n-gram engine with zero drafts. The fastest run is the step's own cost."""
-    fn()  # warm-up: the first use of a size may compile or allocate
+def _seconds(fn, sync) -> float:
+    start = time.perf_counter()
+    fn()
     sync()
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return time.perf_counter() - start
+
+
+def _fastest_in_rounds(parts, counts: list[int], budget_s: float, sync) -> tuple[list[int], list[list[float]]]:
+    """Each part's fastest of REPEATS timed runs at each token count, the runs taken in rounds
+    over all counts rather than back to back, and the counts cut where the budget runs out.
+
+    The fastest, not the median: on a busy host (an API server, a tokenizer or another job
+    sharing the cores) most runs of a few-millisecond CPU step can be stretched by preemption,
+    and one stretched point, raised into every larger size by the fix-up that ``monotone``
+    replaced, told the controller that no draft pays: a CI simulation at load ~15 served an
+    n-gram engine with zero drafts. The fastest run is the step's own cost.
+
+    In rounds: a slow spell of the host lasts longer than a few runs, and with a count's runs
+    back to back it stretched every run of one count. A test engine on 2 cores (2026-11-27)
+    read 180 ms for 32 tokens where the next start read 116 ms (16 tokens: 81 and 75 ms); at
+    batch 8 with every draft accepted the first then drafted 1 token instead of 3. Spread over
+    rounds, a count's runs fall in different moments, and one of them misses the spell.
+
+    Round 1 runs each count's warm-up (the first use of a size may compile or allocate) and
+    first timing, from the smallest count up, and stops at the count where the budget, scaled
+    to the whole measurement (two of the REPEATS + 1 runs per count), is spent."""
+    counts_done: list[int] = []
+    times: list[list[float]] = [[] for _ in parts]
+    started = time.perf_counter()
+    share = 2.0 / (REPEATS + 1)
+    for t in counts:
+        for part, row in zip(parts, times):
+            part(t)  # warm-up
+            sync()
+            row.append(_seconds(lambda: part(t), sync))
+        counts_done.append(t)
+        if time.perf_counter() - started > budget_s * share:
+            break
+    for round_ in range(1, REPEATS):
+        # Every other round from the largest count down: a spell at one end of a round does
+        # not fall on the same counts each time.
+        order = range(len(counts_done))
+        for i in (reversed(order) if round_ % 2 else order):
+            for part, row in zip(parts, times):
+                row[i] = min(row[i], _seconds(lambda: part(counts_done[i]), sync))
+    return counts_done, times
 
 
 def monotone(times: list[float]) -> list[float]:
@@ -99,19 +130,16 @@ def measure_cost_table(run_target, run_drafter, counts: list[int], budget_s: flo
     """``run_target_logits(t)``: the target's LM head and argmax over t rows, added to its
     forward pass (a verification computes logits at every token it checks);
     ``run_drafter_sample(t)``: the drafter's, paid once per draft token."""
-    measured, target_s, drafter_s, sample_s = [], [], [], []
     started = time.perf_counter()
-    for t in counts:
-        target_s.append(_fastest_seconds(lambda: run_target(t), sync))
-        if run_target_logits is not None:
-            target_s[-1] += _fastest_seconds(lambda: run_target_logits(t), sync)
-        if run_drafter is not None:
-            drafter_s.append(_fastest_seconds(lambda: run_drafter(t), sync))
-        if run_drafter_sample is not None:
-            sample_s.append(_fastest_seconds(lambda: run_drafter_sample(t), sync))
-        measured.append(t)
-        if time.perf_counter() - started > budget_s:
-            break
+    parts = {"target": run_target, "logits": run_target_logits, "drafter": run_drafter,
+             "sample": run_drafter_sample}
+    parts = {name: run for name, run in parts.items() if run is not None}
+    measured, rows = _fastest_in_rounds(list(parts.values()), counts, budget_s, sync)
+    rows = dict(zip(parts, rows))
+    target_s = rows["target"]
+    if "logits" in rows:
+        target_s = [a + b for a, b in zip(target_s, rows["logits"])]
+    drafter_s, sample_s = rows.get("drafter", []), rows.get("sample", [])
     target_s, drafter_s, sample_s = (monotone(s) for s in (target_s, drafter_s, sample_s))
     table = CostTable(tuple(measured), tuple(target_s),
                       tuple(drafter_s) if run_drafter is not None else None,
