@@ -124,6 +124,8 @@ def main() -> None:
         from bench_spec_cpu import spec_configs
 
         target, spec = spec_configs(str(fetch_smollm2()))[args.method]
+    # --engine '{"speculative_config": {...}}' replaces the method's (synthetic acceptance).
+    spec = engine.pop("speculative_config", spec)
     llm = LLM(model=target, dtype=engine.pop("dtype", "float32"), max_model_len=1024,
               enable_prefix_caching=False, max_num_seqs=8, seed=0, speculative_config=spec,
               **engine)
