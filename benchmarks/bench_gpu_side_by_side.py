@@ -9,7 +9,7 @@ per-position acceptance at each batch size, and the ratio ours/native.
     python benchmarks/bench_gpu_side_by_side.py --out results/ [--model llama7b-random]
         [--methods none,draft_model,eagle,eagle3,ngram,suffix] [--batches 1,16]
         [--backends native,ours,ours-static,ours-defer,ours-nodefer,ours-async,native-async,ours-sync,
-                    ours-uniform,ours-ragged,ours-suffix-async,ours-observed]
+                    ours-uniform,ours-ragged,ours-suffix-async,ours-suffix-sync,ours-observed]
 
 Models:
 - ``llama7b-random``: the random 7.24B Llama of ../shared/notes/native-baseline.md with random
@@ -169,9 +169,11 @@ BACKENDS = {
     "ours-sync": Backend("ours", "specdec_plugin, async scheduling off",
                          engine={"async_scheduling": False}, methods=frozenset({"none"})),
     # Suffix decoding under async scheduling, drafts made lazily (SPECDEC_SUFFIX_ASYNC,
-    # spec_decode/suffix_lazy.py): opt-in until measured here; "ours" runs it synchronously.
+    # spec_decode/suffix_lazy.py): "ours" on CUDA since session 22; these two name each side.
     "ours-suffix-async": Backend("ours", "specdec_plugin, suffix under async scheduling",
                                  env={"SPECDEC_SUFFIX_ASYNC": "1"}, methods=frozenset({"suffix"})),
+    "ours-suffix-sync": Backend("ours", "specdec_plugin, suffix with synchronous scheduling",
+                                env={"SPECDEC_SUFFIX_ASYNC": "0"}, methods=frozenset({"suffix"})),
 }
 _COLUMNS = [name.replace("-", "_") for name in BACKENDS]  # their keys in the JSON rows
 
@@ -326,7 +328,8 @@ def main() -> None:
                              "native-async: draft model with async_scheduling=True; ours-sync: plain "
                              "decoding with async scheduling off; ours-uniform / ours-ragged: n-gram "
                              "and suffix with SPECDEC_UNIFORM_DRAFTS=1 / 0; ours-suffix-async: "
-                             "suffix decoding under async scheduling, SPECDEC_SUFFIX_ASYNC=1; "
+                             "suffix decoding under async scheduling, SPECDEC_SUFFIX_ASYNC=1 (the CUDA "
+                             "default); ours-suffix-sync: SPECDEC_SUFFIX_ASYNC=0; "
                              "ours-observed: SPECDEC_ADAPTIVE_OBSERVED_COST=1; ours-resume0: "
                              "SPECDEC_ADAPTIVE_RESUME_GAIN=0; ours-protect: "
                              "SPECDEC_ADAPTIVE_PROTECT=0.25)")

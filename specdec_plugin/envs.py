@@ -45,8 +45,9 @@
   vLLM 0.26 turns off for it (spec_decode/suffix_async_config.py): drafts are made lazily, a
   step that drafts nothing never waits for the device (spec_decode/suffix_lazy.py). ``1``: on
   devices whose layer supports async scheduling (CUDA); ``force``: also where the device layer
-  has no streams (the CPU: host stand-ins serialise everything; for tests). Default ``0`` until
-  it is measured on a GPU. An explicit ``async_scheduling=False`` from the user wins.
+  has no streams (the CPU: host stand-ins serialise everything; for tests). Unset: the device
+  layer's ``suffix_async_default`` (``1`` on CUDA GPUs since session 22's H100 run, ``0``
+  elsewhere). An explicit ``async_scheduling=False`` from the user wins.
 - ``SPECDEC_CPU_LINEAR=auto|bf16w|fp32|bf16|torch``: weights of the linear layers and the LM
   head on CPU, packed once at load (device/cpu.py ``linear_packing``, per weight). ``auto``
   (default): weights whose values are all bfloat16 (a bfloat16 checkpoint, in float32 or
@@ -169,8 +170,10 @@ def ngram_on_device() -> bool | None:
 SUFFIX_ASYNC_CHOICES = ("0", "1", "force")
 
 
-def suffix_async() -> str:
-    value = os.environ.get("SPECDEC_SUFFIX_ASYNC", "0").strip().lower() or "0"
+def suffix_async(device_default: str = "0") -> str:
+    """The variable's value; unset or empty, ``device_default`` (the device layer's
+    ``suffix_async_default``: "1" on CUDA GPUs, "0" elsewhere)."""
+    value = os.environ.get("SPECDEC_SUFFIX_ASYNC", "").strip().lower() or device_default
     if value in _TRUE:
         return "1"
     if value not in SUFFIX_ASYNC_CHOICES:

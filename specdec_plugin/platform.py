@@ -25,9 +25,10 @@ if TYPE_CHECKING:
 # Patch P12 (method "suffix" async-capable while SPECDEC_SUFFIX_ASYNC is on) in processes that
 # build no engine config themselves but run VllmConfig.__post_init__ again (engine cores):
 # vLLM imports this module before its config modules, so it is in place before any config.
+from specdec_plugin.device import select_device_name  # noqa: E402
 from specdec_plugin.patches import suffix_async_types as _p12  # noqa: E402
 
-_p12.apply_in_this_process()
+_p12.apply_in_this_process(get_device(select_device_name()).suffix_async_default)
 
 ATTENTION_BACKEND = "specdec_plugin.attention.backend.SpecDecAttentionBackend"
 WORKER = "specdec_plugin.worker.worker.SpecDecWorker"

@@ -205,6 +205,31 @@ def test_without_the_variable_vllm_still_refuses_explicit_async_suffix(monkeypat
         args.create_engine_config()
 
 
+def test_unset_variable_takes_the_device_layers_default(monkeypatch, smollm2_path):
+    """SPECDEC_SUFFIX_ASYNC unset: the device layer decides (``suffix_async_default``, "1" on
+    CUDA GPUs). With a default of "1", vLLM accepts an explicit ``async_scheduling=True`` for
+    suffix (P12 in place for the build), which it refuses with the CPU's own "0" (the test
+    above); the CPU layer then turns async scheduling off (no streams), as with the variable."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from specdec_plugin import envs
+    from specdec_plugin.device.cpu import CpuDevice
+    from specdec_plugin.device.cuda import CudaDevice
+
+    assert CudaDevice.suffix_async_default == "1" and CpuDevice.suffix_async_default == "0"
+    monkeypatch.delenv("SPECDEC_SUFFIX_ASYNC", raising=False)
+    assert envs.suffix_async("1") == "1" and envs.suffix_async() == "0"
+    monkeypatch.setenv("SPECDEC_SUFFIX_ASYNC", "0")
+    assert envs.suffix_async("1") == "0"  # the user's setting wins over the device's
+    monkeypatch.delenv("SPECDEC_SUFFIX_ASYNC")
+    monkeypatch.setattr(CpuDevice, "suffix_async_default", "1")
+    args = EngineArgs(model=smollm2_path, dtype="float32", max_model_len=1024,
+                      async_scheduling=True,
+                      speculative_config={"method": "suffix", "num_speculative_tokens": K})
+    config = args.create_engine_config()
+    assert config.scheduler_config.async_scheduling is False
+
+
 def test_p12_reaches_processes_that_build_no_config(tmp_path):
     """An engine-core process runs VllmConfig.__post_init__ again on the config it received:
     P12 must be in place there from the platform's import alone (patches/suffix_async_types.py).

@@ -38,6 +38,10 @@ class DeviceLayer:
     # Async scheduling for the draft model where the user leaves it unset (vLLM 0.26 turns it
     # off for that method unless asked, spec_decode/async_default.py): only where measured.
     async_draft_model: ClassVar[bool] = False
+    # SPECDEC_SUFFIX_ASYNC where the user leaves it unset (envs.suffix_async): method "suffix"
+    # under async scheduling, drafts made lazily (spec_decode/suffix_lazy.py). "0": vLLM's
+    # synchronous scheduling; only where measured.
+    suffix_async_default: ClassVar[str] = "0"
     # torch.compile backend for vLLM's model graphs and its small @torch.compile helpers
     # (Platform.simple_compile_backend). "eager" traces without code generation: right where
     # Inductor has no code generator or measured no gain.

@@ -32,6 +32,13 @@ class CudaDevice(DeviceLayer):
     # 3.76 ms/token (native, its default) to 2.44 / 2.86 at batch 1 / 16; the GPU test of
     # greedy equality under async scheduling passed (BENCHMARKS.md).
     async_draft_model: ClassVar[bool] = True
+    # Suffix decoding under async scheduling (SPECDEC_SUFFIX_ASYNC=1). On the H100 (2026-11-27,
+    # session 22, K=4, adaptive drafting) synchronous suffix cost 1.26-1.60x of plain decoding
+    # with every draft rejected and 1.26-1.41x on prose (SmolLM2 padded to 7B, batches 1-64);
+    # async, 0.99-1.03x and 1.00-1.06x. Code editing: batch 64 1.42x -> 1.01x, batch 16 equal,
+    # batch 4 0.99x -> 1.04x, batch 1 0.76x -> 0.87x (the one cell where sync is clearly
+    # better: its drafting steps cost less, not yet explained). BENCHMARKS.md, session 22.
+    suffix_async_default: ClassVar[str] = "1"
     # Deferred drafter KV sync (spec_decode/deferred_sync.py) by default, as on the CPU: on the
     # H100 (2026-11-25, session 13) the GPU tests passed with it (34 of 34) and, with every
     # draft rejected, EAGLE-3 went from 1.06-1.11x to 1.03-1.06x of plain decoding. A user's

@@ -131,7 +131,8 @@ P11 linear layers and the LM head on the CPU (patches/cpu_linear.py, applied by 
    (e.g. a ``Platform`` hook for unquantized GEMMs) instead of ``is_cpu()``.
 
 P12 method "suffix" among vLLM's async-capable speculative methods, only while
-   ``SPECDEC_SUFFIX_ASYNC`` is on (``vllm.config.vllm.NgramGPUTypes``, patches/suffix_async_types.py)
+   ``SPECDEC_SUFFIX_ASYNC`` is on (unset: the device layer's ``suffix_async_default``, on for
+   CUDA GPUs) (``vllm.config.vllm.NgramGPUTypes``, patches/suffix_async_types.py)
    Why: vLLM turns async scheduling off for suffix and raises when it is asked for; the platform
    hook can turn it back on, but every engine-core process runs ``VllmConfig.__post_init__``
    again after its handshake and raises there, before any hook. The lazy suffix proposer

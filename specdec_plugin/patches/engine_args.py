@@ -57,6 +57,9 @@ def _checked(create_engine_config):
     @functools.wraps(create_engine_config)
     def create_engine_config_checked(self, *args, **kwargs):
         check_model_path("model", self.model)
+        from vllm.platforms import current_platform
+
+        layer = getattr(current_platform, "device", None)  # None: not our platform
         if self.speculative_config is not None:
             from specdec_plugin.spec_decode.config_checks import (
                 NGRAM_MODEL_NAMES,
@@ -73,9 +76,6 @@ def _checked(create_engine_config):
             validate_speculative_config(spec, self.model)
             # Method "ngram" runs where the device layer says (spec_decode/ngram_device.py):
             # chosen here, before vLLM resolves async scheduling from the method.
-            from vllm.platforms import current_platform
-
-            layer = getattr(current_platform, "device", None)  # None: not our platform
             if isinstance(spec, dict) and layer is not None:
                 from specdec_plugin.spec_decode.ngram_device import device_ngram_method
 
@@ -87,10 +87,13 @@ def _checked(create_engine_config):
         # Let the platform tell the user's capture sizes from vLLM's defaults (capture_sizes.py).
         from specdec_plugin.capture_sizes import recording_user_sizes
 
-        # Method "suffix" async-capable while SPECDEC_SUFFIX_ASYNC is on (patch P12).
+        # Method "suffix" async-capable while SPECDEC_SUFFIX_ASYNC is on (patch P12; unset, the
+        # device layer decides).
         from specdec_plugin.patches.suffix_async_types import while_building_config
 
-        with recording_user_sizes(_user_capture_sizes(self)), while_building_config():
+        suffix_default = getattr(layer, "suffix_async_default", "0")
+        with (recording_user_sizes(_user_capture_sizes(self)),
+              while_building_config(suffix_default)):
             return create_engine_config(self, *args, **kwargs)
 
     create_engine_config_checked.__specdec_checked__ = True

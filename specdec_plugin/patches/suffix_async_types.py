@@ -1,5 +1,6 @@
 """P12: method "suffix" counted among vLLM's async-capable speculative methods while
-``SPECDEC_SUFFIX_ASYNC`` is on (see the catalog).
+``SPECDEC_SUFFIX_ASYNC`` is on (unset: the device layer's default, on for CUDA GPUs; see the
+catalog).
 
 ``VllmConfig.__post_init__`` resolves async scheduling from the method: left unset it turns it
 off for suffix (config/vllm.py:1071-1082), asked for it raises (:1038-1045). Turning it back on
@@ -62,10 +63,11 @@ class _RebindAfterImport(importlib.abc.MetaPathFinder):
         return None
 
 
-def apply_in_this_process() -> None:
-    """From the platform module's import: when the environment asks for it, rebind now if
-    config/vllm.py is loaded, else as soon as it is."""
-    if envs.suffix_async() == "0":
+def apply_in_this_process(device_default: str = "0") -> None:
+    """From the platform module's import: when the environment (unset: ``device_default``, the
+    device layer's ``suffix_async_default``) asks for it, rebind now if config/vllm.py is
+    loaded, else as soon as it is."""
+    if envs.suffix_async(device_default) == "0":
         return
     module = sys.modules.get(_MODULE)
     if module is not None and hasattr(module, _NAME):
@@ -75,13 +77,13 @@ def apply_in_this_process() -> None:
 
 
 @contextlib.contextmanager
-def while_building_config():
-    """P6's part: the name rebound for one config build when the environment asks for it,
-    then as it was."""
+def while_building_config(device_default: str = "0"):
+    """P6's part: the name rebound for one config build when the environment (unset:
+    ``device_default``) asks for it, then as it was."""
     import vllm.config.vllm as module
 
     original = getattr(module, _NAME)
-    if envs.suffix_async() != "0":
+    if envs.suffix_async(device_default) != "0":
         _rebind(module)
     try:
         yield

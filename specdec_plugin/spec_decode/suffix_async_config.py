@@ -38,7 +38,7 @@ def apply_suffix_async(vllm_config: "VllmConfig", device: "DeviceLayer",
     if not _is_suffix(vllm_config):
         return
     scheduler = vllm_config.scheduler_config
-    mode = envs.suffix_async()
+    mode = envs.suffix_async(device.suffix_async_default)
     if mode == "force" and resolved_by_vllm and not scheduler.async_scheduling:
         scheduler.async_scheduling = True  # the device defaults turned it off (no streams)
     if mode != "0":
