@@ -1,10 +1,11 @@
-"""On an NVIDIA GPU: suffix decoding under async scheduling (``SPECDEC_SUFFIX_ASYNC=1``,
-spec_decode/suffix_lazy.py and suffix_async_runner.py) is lossless and drafts what the
-synchronous proposer drafts.
+"""On an NVIDIA GPU: suffix decoding under async scheduling (``SPECDEC_SUFFIX_ASYNC=1``, the
+CUDA default since session 22; spec_decode/suffix_lazy.py and suffix_async_runner.py) is
+lossless and drafts what the synchronous proposer (``SPECDEC_SUFFIX_ASYNC=0``) drafts.
 
 SmolLM2-135M, 32 prompts x 64 greedy tokens, K=4, engines with vLLM's defaults (torch.compile,
 full graphs) in their own processes (engine-core processes: patch P12's second path):
-- the variable turns async scheduling on, and only for the engines that set it;
+- async scheduling is on for the engines that set the variable to 1 and off for the one that
+  sets 0 (the synchronous reference: unset, the CUDA device layer turns it on);
 - output equals no speculation: fp32 on every prompt but at most one (a near-tie of the
   target's top-2 logits, as tests/gpu/test_spec_decode_gpu.py allows), bf16 on >= 95%, with
   adaptive drafting off (K every step) and on (lengths 0..K, the lazy path's k = 0 steps,
@@ -49,7 +50,7 @@ def _jobs(smollm2: str) -> dict[str, dict]:
     for dtype in ("float32", "bfloat16"):
         jobs[f"{dtype}/none"] = job(dtype)
         jobs[f"{dtype}/suffix-async"] = job(dtype, SUFFIX, on)
-    jobs["float32/suffix-sync"] = job("float32", SUFFIX)
+    jobs["float32/suffix-sync"] = job("float32", SUFFIX, {"SPECDEC_SUFFIX_ASYNC": "0"})
     jobs["float32/suffix-async-adaptive"] = job("float32", SUFFIX, {**on, "SPECDEC_ADAPTIVE": "1"})
     jobs["bfloat16/suffix-async-adaptive"] = job("bfloat16", SUFFIX,
                                                  {**on, "SPECDEC_ADAPTIVE": "1"})
