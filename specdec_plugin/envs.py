@@ -23,8 +23,8 @@
   (default on; a user-given ``num_speculative_tokens_per_batch_size`` also turns it off).
 - ``SPECDEC_ADAPTIVE_OBSERVED_COST=1``: the adaptive controller corrects the step costs measured
   at engine start, per draft length, by the step times it observes while serving
-  (adaptive/observed_cost.py). Default off until measured side by side (session 14: built and
-  tested on the CPU, not yet run on a GPU).
+  (adaptive/observed_cost.py). Default off: side by side on the H100 (session 23) it helped
+  suffix on code editing and hurt n-gram; its estimator changed after that run.
 - ``SPECDEC_ADAPTIVE_RESUME_GAIN=<fraction>``: how much more throughput than a plain step
   drafting must promise before the adaptive controller, once off, drafts again (default 0.10;
   adaptive/policy.py, hysteresis). ``0`` restores the earlier rule (the same 3% either way).
@@ -121,7 +121,7 @@ def adaptive_drafting() -> bool:
 
 
 def adaptive_observed_cost() -> bool:
-    # Opt-in until measured (adaptive/observed_cost.py).
+    # Opt-in: mixed when measured on the H100 (session 23, adaptive/observed_cost.py).
     return os.environ.get("SPECDEC_ADAPTIVE_OBSERVED_COST", "0").strip().lower() in _TRUE
 
 

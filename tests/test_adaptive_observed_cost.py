@@ -33,8 +33,8 @@ def test_a_factor_is_applied_only_after_enough_observations_and_converges():
     assert cost.factor(2) == 1.0
     _feed(cost, 16, 2, 2.0, 1)
     assert cost.factor(2) == pytest.approx(2.0)
-    # The cost moves (host load goes away): the fading average follows within a few dozen steps.
-    _feed(cost, 16, 2, 1.2, 60)
+    # The cost moves (host load goes away): the median follows within a window of steps.
+    _feed(cost, 16, 2, 1.2, ObservedCostSettings().window)
     assert cost.factor(2) == pytest.approx(1.2, rel=0.01)
     # The factor is per length, whatever the batch size it was learned at.
     assert cost.step_time(64, 2) == pytest.approx(1.2 * NGRAM_LIKE.step_time(64, 2), rel=0.01)
@@ -46,6 +46,23 @@ def test_noise_averages_out_in_log_space():
         ratio = 1.5 * (1.25 if i % 2 else 0.8)  # geometric mean 1.5
         cost.observe(8, 1, ratio * NGRAM_LIKE.step_time(8, 1))
     assert cost.factor(1) == pytest.approx(1.5, rel=0.02)
+
+
+def test_intervals_of_a_few_steps_do_not_move_the_factor():
+    # Seen on an H100 (session 23): among steps at about the table's time, intervals of 3-5x a
+    # step (under discard_ratio). A fading mean followed them; the median does not until they
+    # are half of the window.
+    window = ObservedCostSettings().window
+    cost = ObservedCost(NGRAM_LIKE)
+    _feed(cost, 1, 4, 1.0, window)
+    for _ in range(3):
+        _feed(cost, 1, 4, 4.5, 1)
+        _feed(cost, 1, 4, 1.0, 2)
+    assert cost.factor(4) == pytest.approx(1.0)
+    assert cost.changes(range(K + 1)) == []
+    # A cost that really moved is followed once it is most of the recent steps.
+    _feed(cost, 1, 4, 1.6, window // 2 + 1)
+    assert cost.factor(4) == pytest.approx(1.6)
 
 
 def test_unobserved_lengths_borrow_from_the_nearest_drafting_length_else_from_plain_steps():
@@ -173,7 +190,7 @@ def test_the_switch(monkeypatch):
     from specdec_plugin.adaptive.controller import DraftLengthController
 
     monkeypatch.delenv("SPECDEC_ADAPTIVE_OBSERVED_COST", raising=False)
-    assert not envs.adaptive_observed_cost()  # opt-in until measured
+    assert not envs.adaptive_observed_cost()  # opt-in (mixed on the H100, session 23)
     monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "1")
     assert envs.adaptive_observed_cost()
     monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "0")

@@ -9,10 +9,14 @@ controller kept drafting and adaptive n-gram ran 1.8x slower than plain decoding
 load from other processes moves step times the same way.
 
 How: for each draft length k, the ratio observed/predicted of the steps that verified k drafts
-(``observe``), averaged with exponentially fading weights (``decay`` per observation of that
-length), in log space so that one slow step (a page fault, a first-time kernel compilation)
-and one fast one weigh the same. ``step_time(n, k)`` is the table's prediction times that
-length's factor. Only ratios between lengths change a decision (``policy.py`` compares
+(``observe``); the factor is the median of that length's last ``window`` ratios (in log space,
+so that between two middle values it takes their geometric mean). A median, not a mean: on an
+H100 (session 23, BENCHMARKS.md) the intervals the scheduler sees include some of 3-5x a
+step (34 ms where steps took 7-11 ms), under the stall cut below, and a fading mean of log
+ratios (the estimator before) followed them: the factor of 4-token steps swung between 0.93
+and 1.48 within one benchmark run, and adaptive n-gram lost its batch-1 win on code. Up to
+half of a window can be such intervals before the median moves. ``step_time(n, k)`` is the
+table's prediction times that length's factor. Only ratios between lengths change a decision (``policy.py`` compares
 tokens per second across k), so what matters is getting each length's factor relative to the
 others right:
 
@@ -37,11 +41,12 @@ others right:
 - Factors are clamped to [``min_factor``, ``max_factor``]: a correction, not a new model. An
   observation whose ratio is beyond ``discard_ratio`` is not a step's cost (an idle gap the
   scheduler could not see, a stall): it is dropped.
-- Evidence of a length fades only when that length is observed again, so a length visited
-  rarely (the controller's one-token probes while it is off) keeps what its last visits showed.
+- Evidence of a length is replaced only when that length is observed again, so a length
+  visited rarely (the controller's one-token probes while it is off) keeps what its last visits
+  showed.
 
 One factor per length, not per (batch size, length): the batch size moves slowly in serving and
-the fading average follows it; lengths are few and each is visited often enough to learn.
+the window follows it; lengths are few and each is visited often enough to learn.
 
 Pure: no clock, no logging. ``changes`` reports the factors that moved by more than a fraction
 since last reported, for the controller to log.
@@ -49,6 +54,8 @@ since last reported, for the controller to log.
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from dataclasses import dataclass
 
 from specdec_plugin.adaptive.policy import StepCost
@@ -56,9 +63,8 @@ from specdec_plugin.adaptive.policy import StepCost
 
 @dataclass(frozen=True)
 class ObservedCostSettings:
-    # Weight of the older evidence of a length at each new observation of it: 0.9 weighs about
-    # the last 10 steps of that length.
-    decay: float = 0.9
+    # The factor of a length is the median of its last this many ratios.
+    window: int = 16
     min_observations: int = 8
     min_factor: float = 0.5
     max_factor: float = 5.0
@@ -72,9 +78,8 @@ class ObservedCost:
     def __init__(self, table: StepCost, settings: ObservedCostSettings | None = None):
         self.table = table
         self.settings = settings or ObservedCostSettings()
-        # Per length: faded sum of log ratios, faded weight, and the number of observations.
-        self._log_sum: dict[int, float] = {}
-        self._weight: dict[int, float] = {}
+        # Per length: the last ``window`` log ratios, and the number of observations.
+        self._log_ratios: dict[int, deque[float]] = {}
         self.observations: dict[int, int] = {}
         # The factor last reported by ``changes``, per length (1.0: the table).
         self._reported: dict[int, float] = {}
@@ -88,9 +93,9 @@ class ObservedCost:
         ratio = seconds / predicted
         if ratio > self.settings.discard_ratio:
             return False
-        decay = self.settings.decay
-        self._log_sum[k] = self._log_sum.get(k, 0.0) * decay + math.log(ratio)
-        self._weight[k] = self._weight.get(k, 0.0) * decay + 1.0
+        if k not in self._log_ratios:
+            self._log_ratios[k] = deque(maxlen=self.settings.window)
+        self._log_ratios[k].append(math.log(ratio))
         self.observations[k] = self.observations.get(k, 0) + 1
         return True
 
@@ -99,7 +104,7 @@ class ObservedCost:
 
     def _own_factor(self, k: int) -> float:
         s = self.settings
-        factor = math.exp(self._log_sum[k] / self._weight[k])
+        factor = math.exp(statistics.median(self._log_ratios[k]))
         return min(max(factor, s.min_factor), s.max_factor)
 
     def factor(self, k: int) -> float:
