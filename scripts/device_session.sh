@@ -11,6 +11,12 @@
 # them into .whl/ (see the device tool's notes), carry .whl and install them into /root/site.
 #
 #   bash scripts/device_session.sh setup                 # install the plugin (builds csrc/)
+#   bash scripts/device_session.sh build-start           # the same install, in the background:
+#                                                        # run it in the first staging call (it
+#                                                        # needs only the image's torch), so the
+#                                                        # ~3-minute C++ build overlaps staging
+#   bash scripts/device_session.sh build-wait            # wait for it (by pid: session 23 lost
+#                                                        # 6 minutes to a pgrep matching itself)
 #   bash scripts/device_session.sh kernels               # GPU kernel tests (tests/ops, -m gpu)
 #   bash scripts/device_session.sh start NAME CMD...     # run CMD detached, log in /root/jobs
 #   bash scripts/device_session.sh wait NAME SECONDS     # wait for NAME (at most SECONDS), copy
@@ -26,6 +32,18 @@ setup)
     python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -3
     python3 -c "import torch, specdec_plugin, specdec_plugin._C, vllm; print('plugin', specdec_plugin.__file__, 'vllm', vllm.__version__)"
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
+    ;;
+build-start)
+    setsid nohup python3 -m pip install -q --no-deps --no-build-isolation -e . \
+        > /root/build.log 2>&1 < /dev/null &
+    echo $! > /root/build.pid
+    echo "build started (pid $(cat /root/build.pid))"
+    ;;
+build-wait)
+    pid=$(cat /root/build.pid)
+    while kill -0 "$pid" 2>/dev/null; do sleep 1; done
+    tail -3 /root/build.log
+    python3 -c "import torch, specdec_plugin._C, vllm; print('plugin built; vllm', vllm.__version__)"
     ;;
 kernels)
     python3 -m pytest -q -m gpu tests/ops -p no:cacheprovider 2>&1 | tail -15

@@ -11,6 +11,12 @@ stage.sh and a PARTS count, exactly as build.sh lays them out.
 
     bash ../shared/devkit/build.sh /tmp/devkit && python scripts/devkit_resplit.py /tmp/devkit .devkit
     # then one device run per part, in order: carry .devkit/partN, run `bash .devkit/partN/stage.sh`
+    # (in part1's run also `bash scripts/device_session.sh build-start`: the C++ build needs only
+    # the image's torch and overlaps the staging; `build-wait` before the first job)
+
+Staging is 9 short runs (5 kit parts, 4 SmolLM2 parts), about 1.5 minutes held if the build
+overlaps it. Check `lease.counts` in each reply: some machines count held time in full, and a
+job sized for a 67% machine does not fit the same budget on one of those (session 23).
 """
 from __future__ import annotations
 
