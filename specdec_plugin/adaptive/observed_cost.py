@@ -14,11 +14,11 @@ so that between two middle values it takes their geometric mean). A median, not 
 H100 (session 23, BENCHMARKS.md) the intervals the scheduler sees include some of 3-5x a
 step (34 ms where steps took 7-11 ms), under the stall cut below, and a fading mean of log
 ratios (the estimator before) followed them: the factor of 4-token steps swung between 0.93
-and 1.48 within one benchmark run, and adaptive n-gram lost its batch-1 win on code. Up to
-half of a window can be such intervals before the median moves. ``step_time(n, k)`` is the
-table's prediction times that length's factor. Only ratios between lengths change a decision (``policy.py`` compares
-tokens per second across k), so what matters is getting each length's factor relative to the
-others right:
+and 1.48 within one benchmark run, and adaptive n-gram with the correction lost its batch-1
+win on code. Up to half of a window can be such intervals before the median moves.
+``step_time(n, k)`` is the table's prediction times that length's factor. Only ratios between
+lengths change a decision (``policy.py`` compares tokens per second across k), so what matters
+is getting each length's factor relative to the others right:
 
 - A length needs ``min_observations`` before its own factor is used: one step's time is noisy.
 - A drafting length not observed yet borrows from the nearest observed drafting length. The
