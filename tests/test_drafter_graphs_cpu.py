@@ -43,20 +43,19 @@ def _runs(method: str, smollm2_path: str, *modes: str) -> list[dict]:
                                      json.dumps(job), mode], cwd=_ROOT, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
              for mode in modes if (method, mode) not in _RESULTS}
-    for mode, proc in procs.items():
-        try:
+    try:
+        for mode, proc in procs.items():
             stdout, stderr = proc.communicate(timeout=900)
-        except subprocess.TimeoutExpired:
-            for other in procs.values():
-                other.kill()
-            raise
-        result = next((json.loads(line[len("RESULT "):]) for line in stdout.splitlines()
-                       if line.startswith("RESULT ")), None)
-        if result is None:
-            for other in procs.values():
-                other.kill()
-            raise AssertionError(f"{method} {mode}: exit {proc.returncode}\n{stderr[-3000:]}")
-        _RESULTS[(method, mode)] = result
+            result = next((json.loads(line[len("RESULT "):]) for line in stdout.splitlines()
+                           if line.startswith("RESULT ")), None)
+            if result is None:
+                raise AssertionError(f"{method} {mode}: exit {proc.returncode}\n{stderr[-3000:]}")
+            _RESULTS[(method, mode)] = result
+    finally:  # a failure or timeout of one leaves no other engine running
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return [_RESULTS[(method, mode)] for mode in modes]
 
 
