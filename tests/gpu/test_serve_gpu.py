@@ -117,7 +117,7 @@ def started(tmp_path_factory, smollm2_path):
 
 
 def test_recording_failure_under_load_drafts_that_shape_eagerly(started):
-    from tests.gpu.test_spec_decode_gpu import TIE_GAP, _top2_gap
+    from tests.gpu.ties import TIE_GAP, top2_gap
     from tests.prompts_gpu import BENCH_PROMPTS
 
     failing = started["engines"]["failing"].result()
@@ -143,7 +143,7 @@ def test_recording_failure_under_load_drafts_that_shape_eagerly(started):
         if a == b:
             continue
         first = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
-        gap = _top2_gap(started["model"], BENCH_PROMPTS[i % len(BENCH_PROMPTS)], a[:first])
+        gap = top2_gap(started["model"], BENCH_PROMPTS[i % len(BENCH_PROMPTS)], a[:first])
         assert gap < TIE_GAP, (f"request {i} differs from no speculation at token {first}, "
                                f"where the target's top-2 logit gap is {gap:.3g} (not a tie)")
     (entry,) = failing["batches"].values()

@@ -2,7 +2,9 @@
 
 SmolLM2-135M and our trained drafters, 32 prompts x 64 greedy tokens, engines with vLLM's
 defaults (torch.compile, FULL_AND_PIECEWISE graphs, async scheduling where vLLM allows it):
-- bf16: output with speculation equals output without it on >= 95% of prompts;
+- bf16: output with speculation equals output without it on >= 80% of prompts, and every
+  prompt where it does not first differs at a bf16 near-tie of the target's logits
+  (tests/gpu/ties.py says why a count alone was the wrong test);
 - fp32: on every prompt, except where the target's top-2 logits tie (gap < 1e-4, checked with
   transformers in fp32);
 - acceptance length through our plugin within 3% of vLLM's own CUDA backend (same target,
@@ -25,6 +27,7 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
+from tests.gpu.ties import TIE_GAP, assert_flips_are_near_ties, top2_gap
 from tests.spec_configs import K
 
 MAX_TOKENS = 64
@@ -34,7 +37,9 @@ METHODS = ["draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix"]
 NATIVE_METHODS = [m for m in METHODS if m != "suffix"]
 # Methods whose drafter steps replay from our graphs (vLLM's V1 EagleProposer, DraftModelProposer).
 GRAPHED_DRAFTERS = ["draft_model", "eagle", "eagle3", "mtp"]
-TIE_GAP = 1e-4
+# bf16: prompts equal to plain decoding, at least (every other one must split at a near-tie,
+# tests/gpu/ties.py). Sessions 9-24 read 28-32 of 32 for each method, two plain engines 31.
+BF16_MIN_EQUAL = 0.8
 
 
 def _spec(method: str) -> dict:
@@ -124,24 +129,6 @@ def _tokens(results, name):
     return entry["token_ids"], entry
 
 
-_HF = {}
-
-
-def _top2_gap(model_path: str, prompt: str, prefix_ids: list[int]) -> float:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if model_path not in _HF:
-        _HF[model_path] = (AutoTokenizer.from_pretrained(model_path),
-                           AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).cuda())
-    tokenizer, model = _HF[model_path]
-    ids = tokenizer(prompt)["input_ids"] + prefix_ids
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids], device="cuda")).logits[0, -1]
-    top = torch.topk(logits.float(), 2).values
-    return float(top[0] - top[1])
-
-
 def _mismatches(want, have):
     return [i for i, (a, b) in enumerate(zip(want, have)) if a != b]
 
@@ -153,7 +140,7 @@ def _assert_equal_but_ties(results, base: str, other: str) -> None:
     have, _ = _tokens(results, other)
     for index in _mismatches(want, have):
         first = next(i for i, (a, b) in enumerate(zip(want[index], have[index])) if a != b)
-        gap = _top2_gap(results["_smollm2"], BENCH_PROMPTS[index], want[index][:first])
+        gap = top2_gap(results["_smollm2"], BENCH_PROMPTS[index], want[index][:first])
         assert gap < TIE_GAP, (f"{other} differs from {base} on prompt {index} at token {first}, "
                                f"where the target's top-2 logit gap is {gap:.3g} (not a tie)")
 
@@ -162,28 +149,14 @@ def _baseline(method: str, dtype: str) -> str:
     return f"ours/{dtype}/none-mimo" if method == "mtp" else f"ours/{dtype}/none"
 
 
-def _divergences(results, want, have) -> str:
-    """Where each unequal prompt first differs, and the target's fp32 top-2 logit gap there:
-    a bf16 flip at a small gap is rounding, at a large one a bug (the bf16 suffix failures of
-    sessions 9-15 were never looked at prompt by prompt)."""
+@pytest.mark.parametrize("method", METHODS)
+def test_bf16_greedy_equal_but_near_ties(results, method):
     from tests.prompts_gpu import BENCH_PROMPTS
 
-    notes = []
-    for index in _mismatches(want, have):
-        first = next((i for i, (a, b) in enumerate(zip(want[index], have[index])) if a != b),
-                     min(len(want[index]), len(have[index])))
-        gap = _top2_gap(results["_smollm2"], BENCH_PROMPTS[index], want[index][:first])
-        notes.append(f"prompt {index} token {first} fp32 gap {gap:.3g}")
-    return "; ".join(notes)
-
-
-@pytest.mark.parametrize("method", METHODS)
-def test_bf16_greedy_equal_on_95_percent(results, method):
     want, _ = _tokens(results, _baseline(method, "bfloat16"))
     have, entry = _tokens(results, f"ours/bfloat16/{method}")
-    equal = sum(a == b for a, b in zip(want, have))
-    assert equal >= 0.95 * len(want), (f"{method}: {equal} of {len(want)} prompts equal "
-                                       f"({_divergences(results, want, have)})")
+    assert_flips_are_near_ties(results["_smollm2"], BENCH_PROMPTS, want, have, method,
+                               BF16_MIN_EQUAL)
     assert entry["spec"]["accepted"] > 0, "no draft was accepted: speculation did not happen"
 
 

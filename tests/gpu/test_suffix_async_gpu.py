@@ -7,7 +7,8 @@ full graphs) in their own processes (engine-core processes: patch P12's second p
 - async scheduling is on for the engines that set the variable to 1 and off for the one that
   sets 0 (the synchronous reference: unset, the CUDA device layer turns it on);
 - output equals no speculation: fp32 on every prompt but at most one (a near-tie of the
-  target's top-2 logits, as tests/gpu/test_spec_decode_gpu.py allows), bf16 on >= 95%, with
+  target's top-2 logits, as tests/gpu/test_spec_decode_gpu.py allows), bf16 on >= 80% with
+  every other prompt splitting at a bf16 near-tie (tests/gpu/ties.py), with
   adaptive drafting off (K every step) and on (lengths 0..K, the lazy path's k = 0 steps,
   short drafts padded to the step's length: SPECDEC_UNIFORM_DRAFTS, the CUDA default);
 - fp32, adaptive off: the same drafts as the synchronous proposer, so the same accepted tokens
@@ -25,12 +26,15 @@ from __future__ import annotations
 import pytest
 
 from tests.gpu.engine_jobs import count_equal, run_jobs, single_batch
+from tests.gpu.ties import assert_flips_are_near_ties
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 K = 4
 MAX_TOKENS = 64
 SUFFIX = {"method": "suffix", "num_speculative_tokens": K}
+# bf16: as tests/gpu/test_spec_decode_gpu.py (tests/gpu/ties.py).
+BF16_MIN_EQUAL = 0.8
 
 
 def _jobs(smollm2: str) -> dict[str, dict]:
@@ -61,7 +65,10 @@ def _jobs(smollm2: str) -> dict[str, dict]:
 def results():
     from specdec_plugin.models import fetch_smollm2
 
-    return run_jobs(_jobs(str(fetch_smollm2())), "/tmp/specdec_gpu_suffix_async.log")
+    smollm2 = str(fetch_smollm2())
+    out = run_jobs(_jobs(smollm2), "/tmp/specdec_gpu_suffix_async.log")
+    out["_smollm2"] = smollm2
+    return out
 
 
 
@@ -75,14 +82,22 @@ def test_the_variable_turns_async_scheduling_on_for_suffix(results):
         assert single_batch(results, name)["spec"]["accepted"] > 0, f"{name}: nothing accepted"
 
 
-@pytest.mark.parametrize("dtype,min_share", [("float32", None), ("bfloat16", 0.95)])
-def test_greedy_output_equals_no_speculation(results, dtype, min_share):
-    want = single_batch(results, f"{dtype}/none")["token_ids"]
-    for name in (f"{dtype}/suffix-async", f"{dtype}/suffix-async-adaptive"):
+def test_fp32_greedy_output_equals_no_speculation(results):
+    want = single_batch(results, "float32/none")["token_ids"]
+    for name in ("float32/suffix-async", "float32/suffix-async-adaptive"):
         got = single_batch(results, name)["token_ids"]
         same = count_equal(got, want)
-        need = len(want) - 1 if min_share is None else min_share * len(want)
-        assert same >= need, f"{name}: {same}/{len(want)} prompts equal no speculation"
+        assert same >= len(want) - 1, f"{name}: {same}/{len(want)} prompts equal no speculation"
+
+
+def test_bf16_greedy_output_equals_no_speculation_but_near_ties(results):
+    from tests.prompts_gpu import BENCH_PROMPTS
+
+    want = single_batch(results, "bfloat16/none")["token_ids"]
+    for name in ("bfloat16/suffix-async", "bfloat16/suffix-async-adaptive"):
+        got = single_batch(results, name)["token_ids"]
+        assert_flips_are_near_ties(results["_smollm2"], BENCH_PROMPTS, want, got, name,
+                                   BF16_MIN_EQUAL)
 
 
 def test_drafts_are_the_synchronous_proposers(results):
