@@ -153,9 +153,12 @@ BACKENDS = {
                            {"SPECDEC_UNIFORM_DRAFTS": "0"},
                            methods=frozenset({"ngram", "suffix"})),
     # The adaptive controller's start-up step costs corrected by observed step times
-    # (adaptive/observed_cost.py): opt-in until measured here.
+    # (adaptive/observed_cost.py): for every method ("ours" on CUDA: n-gram and suffix only,
+    # since session 24), and for none (the start-up table alone, the default before).
     "ours-observed": Backend("ours", "specdec_plugin, observed step costs",
                              {"SPECDEC_ADAPTIVE_OBSERVED_COST": "1"}, methods=_DRAFTING),
+    "ours-table": Backend("ours", "specdec_plugin, start-up step costs only",
+                          {"SPECDEC_ADAPTIVE_OBSERVED_COST": "0"}, methods=_DRAFTING),
     # The adaptive controller without its hysteresis (SPECDEC_ADAPTIVE_RESUME_GAIN=0, the rule
     # before session 16): drafting resumes at the same 3% predicted gain that keeps it on.
     "ours-resume0": Backend("ours", "specdec_plugin, no resume margin",
@@ -330,7 +333,7 @@ def main() -> None:
                              "and suffix with SPECDEC_UNIFORM_DRAFTS=1 / 0; ours-suffix-async: "
                              "suffix decoding under async scheduling, SPECDEC_SUFFIX_ASYNC=1 (the CUDA "
                              "default); ours-suffix-sync: SPECDEC_SUFFIX_ASYNC=0; "
-                             "ours-observed: SPECDEC_ADAPTIVE_OBSERVED_COST=1; ours-resume0: "
+                             "ours-observed / ours-table: SPECDEC_ADAPTIVE_OBSERVED_COST=1 / 0; ours-resume0: "
                              "SPECDEC_ADAPTIVE_RESUME_GAIN=0; ours-protect: "
                              "SPECDEC_ADAPTIVE_PROTECT=0.25)")
     parser.add_argument("--jit-verbose", action="store_true",

@@ -189,12 +189,23 @@ def test_the_switch(monkeypatch):
     from specdec_plugin import envs
     from specdec_plugin.adaptive.controller import DraftLengthController
 
+    # Unset: off (the CUDA device layer sets "ngram-suffix" for its engine processes).
     monkeypatch.delenv("SPECDEC_ADAPTIVE_OBSERVED_COST", raising=False)
-    assert not envs.adaptive_observed_cost()  # opt-in (mixed on the H100, session 23)
+    assert not envs.adaptive_observed_cost(has_drafter_model=False)
+    assert not envs.adaptive_observed_cost(has_drafter_model=True)
     monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "1")
-    assert envs.adaptive_observed_cost()
+    assert envs.adaptive_observed_cost(has_drafter_model=False)
+    assert envs.adaptive_observed_cost(has_drafter_model=True)
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "ngram-suffix")
+    assert envs.adaptive_observed_cost(has_drafter_model=False)
+    assert not envs.adaptive_observed_cost(has_drafter_model=True)
     monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "0")
-    assert not envs.adaptive_observed_cost()
+    assert not envs.adaptive_observed_cost(has_drafter_model=False)
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "eagle")
+    with pytest.raises(ValueError, match="SPECDEC_ADAPTIVE_OBSERVED_COST='eagle'.*ngram-suffix"):
+        envs.adaptive_observed_cost(has_drafter_model=True)
+    from specdec_plugin.device.cuda import CudaDevice
+    assert CudaDevice.process_env["SPECDEC_ADAPTIVE_OBSERVED_COST"] == "ngram-suffix"
     # Off: the policy reads the table itself, and step times change nothing.
     controller = DraftLengthController(K, NGRAM_LIKE, learn_costs=False)
     controller.observe_step_time(16, K, 10.0)

@@ -60,6 +60,7 @@ def apply_adaptive(vllm_config) -> None:
     # The controller's settings are read again in the engine process; read here, where the
     # config is built, a bad value fails before any model is loaded.
     envs.adaptive_resume_gain()
+    envs.adaptive_observed_cost(has_drafter_model=False)
     envs.adaptive_protect()
     scheduler = vllm_config.scheduler_config
     scheduler.scheduler_cls = _SCHEDULERS[bool(scheduler.async_scheduling)]

@@ -15,9 +15,10 @@ draft. In the replay of issue 11's workloads (benchmarks/replay_controller.py), 
 had served prose never drafted for the code-editing requests that came after it.
 
 Costs: the start-up cost table, corrected by the step times the scheduler observes
-(``observe_step_time``, ``observed_cost.py``) unless ``learn_costs`` is off
-(``SPECDEC_ADAPTIVE_OBSERVED_COST=0``). A probe's verifying step is an observation of its length,
-so probes also tell what drafting costs while the controller is off.
+(``observe_step_time``, ``observed_cost.py``) where ``learn_costs`` is on
+(``SPECDEC_ADAPTIVE_OBSERVED_COST``: by default on CUDA GPUs, for n-gram and suffix; envs.py).
+A probe's verifying step is an observation of its length, so probes also tell what drafting
+costs while the controller is off.
 
 Regimes: once off, drafting must promise ``resume_gain`` over plain steps to start again
 (``policy.py``, hysteresis; ``SPECDEC_ADAPTIVE_RESUME_GAIN``); a new engine starts on. With

@@ -63,7 +63,7 @@ class AdaptiveSchedulerMixin:
         spec = self.vllm_config.speculative_config
         has_drafter_model = spec.use_eagle() or spec.uses_draft_model()
         cost = load_cost_table(self.vllm_config, has_drafter_model)
-        learn_costs = envs.adaptive_observed_cost()
+        learn_costs = envs.adaptive_observed_cost(has_drafter_model)
         self.draft_controller = DraftLengthController(
             self.num_spec_tokens, cost, learn_costs=learn_costs,
             resume_gain=envs.adaptive_resume_gain(), protect_quantile=envs.adaptive_protect())
