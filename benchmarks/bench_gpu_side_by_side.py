@@ -153,8 +153,8 @@ BACKENDS = {
                            {"SPECDEC_UNIFORM_DRAFTS": "0"},
                            methods=frozenset({"ngram", "suffix"})),
     # The adaptive controller's start-up step costs corrected by observed step times
-    # (adaptive/observed_cost.py): for every method ("ours" on CUDA: n-gram and suffix only,
-    # since session 24), and for none (the start-up table alone, the default before).
+    # (adaptive/observed_cost.py): for every method ("ours" on CUDA: suffix only, since
+    # session 24), and for none (the start-up table alone, the default before).
     "ours-observed": Backend("ours", "specdec_plugin, observed step costs",
                              {"SPECDEC_ADAPTIVE_OBSERVED_COST": "1"}, methods=_DRAFTING),
     "ours-table": Backend("ours", "specdec_plugin, start-up step costs only",

@@ -21,15 +21,14 @@
 - ``SPECDEC_ADAPTIVE=0``: draft K tokens every step, as vLLM does, instead of letting the
   adaptive controller choose 0..K per step from observed acceptance and measured step costs
   (default on; a user-given ``num_speculative_tokens_per_batch_size`` also turns it off).
-- ``SPECDEC_ADAPTIVE_OBSERVED_COST=0|1|ngram-suffix``: whether the adaptive controller corrects
+- ``SPECDEC_ADAPTIVE_OBSERVED_COST=0|1|<methods>``: whether the adaptive controller corrects
   the step costs measured at engine start, per draft length, by the step times it observes
-  while serving (adaptive/observed_cost.py). ``ngram-suffix``: only for the methods without a
-  drafter model (n-gram, suffix), whose drafting the start-up table does not time at all (host
-  work, overlapped or not). Unset: ``0``; the CUDA device layer sets ``ngram-suffix`` (on the
-  H100, session 24, suffix on code editing at batch 4 / 16 went from 1.12x / 1.26x of plain
-  decoding to 1.02x / 1.00x, at the price of its batch-1 win, 0.88x -> 1.00x; n-gram moved
-  within noise). ``1``: every method, EAGLE family and draft model included (not yet
-  measured on a GPU for those).
+  while serving (adaptive/observed_cost.py): ``1`` every method, ``0`` none, or a comma list
+  of methods (``suffix``, ``ngram,suffix``). Unset: ``0``; the CUDA device layer sets
+  ``suffix``, whose host drafting the start-up table does not time: on the H100 (sessions 23
+  and 24, three runs) it took suffix on code editing at batch 16 from 1.26-1.35x of plain
+  decoding to 1.00-1.01x, at the price of its batch-1 win in two of the runs. n-gram moved
+  within run-to-run noise; the EAGLE family and the draft model are not yet measured with it.
 - ``SPECDEC_ADAPTIVE_RESUME_GAIN=<fraction>``: how much more throughput than a plain step
   drafting must promise before the adaptive controller, once off, drafts again (default 0.10;
   adaptive/policy.py, hysteresis). ``0`` restores the earlier rule (the same 3% either way).
@@ -125,21 +124,16 @@ def adaptive_drafting() -> bool:
     return os.environ.get("SPECDEC_ADAPTIVE", "1").strip().lower() in _TRUE
 
 
-OBSERVED_COST_CHOICES = ("0", "1", "ngram-suffix")
-
-
-def adaptive_observed_cost(has_drafter_model: bool) -> bool:
-    """Whether the controller of a method with (or without) a drafter model learns step costs.
-    Unset: off here; the CUDA device layer sets ``ngram-suffix`` in its process_env."""
+def adaptive_observed_cost_methods() -> frozenset[str] | None:
+    """The methods whose controller learns step costs; None: every method. Unset: none here;
+    the CUDA device layer sets ``suffix`` in its process_env. Names are checked against the
+    adaptive methods where the config is built (adaptive/config.py)."""
     value = os.environ.get("SPECDEC_ADAPTIVE_OBSERVED_COST", "0").strip().lower() or "0"
     if value in _TRUE:
-        return True
-    if value == "ngram-suffix":
-        return not has_drafter_model
+        return None
     if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"SPECDEC_ADAPTIVE_OBSERVED_COST={value!r}: expected one of "
-                     f"{OBSERVED_COST_CHOICES}")
+        return frozenset()
+    return frozenset(name.strip() for name in value.split(",") if name.strip())
 
 
 def _number(name: str, raw: str, low: float, high: float, meaning: str,

@@ -186,26 +186,28 @@ def test_the_controller_chooses_with_the_corrected_costs(caplog):
 
 
 def test_the_switch(monkeypatch):
-    from specdec_plugin import envs
+    from specdec_plugin.adaptive.config import _check_observed_cost_methods, learns_step_costs
     from specdec_plugin.adaptive.controller import DraftLengthController
 
-    # Unset: off (the CUDA device layer sets "ngram-suffix" for its engine processes).
+    # Unset: off (the CUDA device layer sets "suffix" for its engine processes).
     monkeypatch.delenv("SPECDEC_ADAPTIVE_OBSERVED_COST", raising=False)
-    assert not envs.adaptive_observed_cost(has_drafter_model=False)
-    assert not envs.adaptive_observed_cost(has_drafter_model=True)
+    assert not any(learns_step_costs(m) for m in ("ngram", "suffix", "eagle3"))
     monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "1")
-    assert envs.adaptive_observed_cost(has_drafter_model=False)
-    assert envs.adaptive_observed_cost(has_drafter_model=True)
-    monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "ngram-suffix")
-    assert envs.adaptive_observed_cost(has_drafter_model=False)
-    assert not envs.adaptive_observed_cost(has_drafter_model=True)
+    assert all(learns_step_costs(m) for m in ("ngram", "ngram_gpu", "suffix", "eagle3"))
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "suffix")
+    assert learns_step_costs("suffix")
+    assert not learns_step_costs("ngram") and not learns_step_costs("eagle3")
+    # n-gram matched on the device goes by the user's name for the method.
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "ngram, suffix")
+    assert learns_step_costs("ngram_gpu") and learns_step_costs("suffix")
+    _check_observed_cost_methods()
     monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "0")
-    assert not envs.adaptive_observed_cost(has_drafter_model=False)
-    monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "eagle")
-    with pytest.raises(ValueError, match="SPECDEC_ADAPTIVE_OBSERVED_COST='eagle'.*ngram-suffix"):
-        envs.adaptive_observed_cost(has_drafter_model=True)
+    assert not learns_step_costs("suffix")
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "suffix,eagle-3")
+    with pytest.raises(ValueError, match=r"SPECDEC_ADAPTIVE_OBSERVED_COST names \['eagle-3'\]"):
+        _check_observed_cost_methods()
     from specdec_plugin.device.cuda import CudaDevice
-    assert CudaDevice.process_env["SPECDEC_ADAPTIVE_OBSERVED_COST"] == "ngram-suffix"
+    assert CudaDevice.process_env["SPECDEC_ADAPTIVE_OBSERVED_COST"] == "suffix"
     # Off: the policy reads the table itself, and step times change nothing.
     controller = DraftLengthController(K, NGRAM_LIKE, learn_costs=False)
     controller.observe_step_time(16, K, 10.0)

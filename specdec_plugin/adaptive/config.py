@@ -44,6 +44,24 @@ def why_not_adaptive(vllm_config) -> str | None:
     return None
 
 
+def _check_observed_cost_methods() -> None:
+    methods = envs.adaptive_observed_cost_methods()
+    unknown = sorted((methods or frozenset()) - ADAPTIVE_METHODS)
+    if unknown:
+        raise ValueError(
+            f"SPECDEC_ADAPTIVE_OBSERVED_COST names {unknown}, which are not adaptive methods: "
+            f"use 0, 1, or a comma list of {sorted(ADAPTIVE_METHODS - {'ngram_gpu'})}")
+
+
+def learns_step_costs(method: str) -> bool:
+    """Whether the controller of ``method`` corrects its cost table by observed step times.
+    ``ngram_gpu`` (n-gram matched on the device) goes by the user's name for it, ``ngram``."""
+    methods = envs.adaptive_observed_cost_methods()
+    if methods is None:
+        return True
+    return ("ngram" if method == "ngram_gpu" else method) in methods
+
+
 def adaptive_enabled(vllm_config) -> bool:
     """Decided once, in the process that built the config (``apply_adaptive``), and carried
     to the engine and worker processes by the config itself."""
@@ -60,7 +78,7 @@ def apply_adaptive(vllm_config) -> None:
     # The controller's settings are read again in the engine process; read here, where the
     # config is built, a bad value fails before any model is loaded.
     envs.adaptive_resume_gain()
-    envs.adaptive_observed_cost(has_drafter_model=False)
+    _check_observed_cost_methods()
     envs.adaptive_protect()
     scheduler = vllm_config.scheduler_config
     scheduler.scheduler_cls = _SCHEDULERS[bool(scheduler.async_scheduling)]

@@ -16,7 +16,7 @@ had served prose never drafted for the code-editing requests that came after it.
 
 Costs: the start-up cost table, corrected by the step times the scheduler observes
 (``observe_step_time``, ``observed_cost.py``) where ``learn_costs`` is on
-(``SPECDEC_ADAPTIVE_OBSERVED_COST``: by default on CUDA GPUs, for n-gram and suffix; envs.py).
+(``SPECDEC_ADAPTIVE_OBSERVED_COST``: by default on CUDA GPUs, for suffix; envs.py).
 A probe's verifying step is an observation of its length, so probes also tell what drafting
 costs while the controller is off.
 

@@ -22,6 +22,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from specdec_plugin import envs
+from specdec_plugin.adaptive.config import learns_step_costs
 from specdec_plugin.adaptive.controller import DraftLengthController
 from specdec_plugin.adaptive.cost_model import CostTable, fallback_table
 from specdec_plugin.adaptive.handoff import read_cost_table
@@ -63,7 +64,7 @@ class AdaptiveSchedulerMixin:
         spec = self.vllm_config.speculative_config
         has_drafter_model = spec.use_eagle() or spec.uses_draft_model()
         cost = load_cost_table(self.vllm_config, has_drafter_model)
-        learn_costs = envs.adaptive_observed_cost(has_drafter_model)
+        learn_costs = learns_step_costs(spec.method)
         self.draft_controller = DraftLengthController(
             self.num_spec_tokens, cost, learn_costs=learn_costs,
             resume_gain=envs.adaptive_resume_gain(), protect_quantile=envs.adaptive_protect())

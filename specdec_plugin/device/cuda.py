@@ -48,14 +48,14 @@ class CudaDevice(DeviceLayer):
     # ragged drafts ran piecewise graphs and cost 1.14-2.06x of plain decoding on prose; padded,
     # 1.02-1.38x, and n-gram on code editing went from 0.71-1.69x to 0.63-1.04x. Better in every
     # one of the 16 cells; the GPU tests' greedy-equality check of it passed (BENCHMARKS.md).
-    # Observed step costs for n-gram and suffix (adaptive/observed_cost.py), whose drafting the
+    # Observed step costs for suffix (adaptive/observed_cost.py), whose host drafting the
     # start-up cost table does not time: on the H100 (2026-11-27, sessions 23 and 24, SmolLM2
-    # padded to 7B, real prompts) suffix on code editing at batch 16 went from 1.35x / 1.26x of
-    # plain decoding to 1.01x / 1.00x in both runs, giving up its batch-1 win (0.88x -> 1.00x);
-    # with the median estimator (session 24) n-gram moved within the run's noise.
+    # padded to 7B, real prompts, three runs) suffix on code editing at batch 16 went from
+    # 1.26-1.35x of plain decoding to 1.00-1.01x, giving up its batch-1 win in two of them;
+    # n-gram moved within the runs' noise, so it keeps the table alone.
     process_env: ClassVar[dict[str, str]] = {"SPECDEC_DEFER_DRAFTER_SYNC": "1",
                                              "SPECDEC_UNIFORM_DRAFTS": "1",
-                                             "SPECDEC_ADAPTIVE_OBSERVED_COST": "ngram-suffix"}
+                                             "SPECDEC_ADAPTIVE_OBSERVED_COST": "suffix"}
     # Graph replays are quick to time: measure more sizes.
     step_cost_budget_s = 10.0
     # Inductor fuses the norm / rotary / activation code between our attention calls, as on
