@@ -159,6 +159,11 @@ BACKENDS = {
                              {"SPECDEC_ADAPTIVE_OBSERVED_COST": "1"}, methods=_DRAFTING),
     "ours-table": Backend("ours", "specdec_plugin, start-up step costs only",
                           {"SPECDEC_ADAPTIVE_OBSERVED_COST": "0"}, methods=_DRAFTING),
+    # The correction from the interquartile mean of recent ratios instead of their median,
+    # for suffix (the method the CUDA default corrects).
+    "ours-observed-iqm": Backend("ours", "specdec_plugin, observed step costs (iqm)",
+                                 {"SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR": "iqm"},
+                                 methods=frozenset({"suffix"})),
     # The adaptive controller without its hysteresis (SPECDEC_ADAPTIVE_RESUME_GAIN=0, the rule
     # before session 16): drafting resumes at the same 3% predicted gain that keeps it on.
     "ours-resume0": Backend("ours", "specdec_plugin, no resume margin",
@@ -333,7 +338,8 @@ def main() -> None:
                              "and suffix with SPECDEC_UNIFORM_DRAFTS=1 / 0; ours-suffix-async: "
                              "suffix decoding under async scheduling, SPECDEC_SUFFIX_ASYNC=1 (the CUDA "
                              "default); ours-suffix-sync: SPECDEC_SUFFIX_ASYNC=0; "
-                             "ours-observed / ours-table: SPECDEC_ADAPTIVE_OBSERVED_COST=1 / 0; ours-resume0: "
+                             "ours-observed / ours-table: SPECDEC_ADAPTIVE_OBSERVED_COST=1 / 0; ours-observed-iqm: "
+                             "SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR=iqm; ours-resume0: "
                              "SPECDEC_ADAPTIVE_RESUME_GAIN=0; ours-protect: "
                              "SPECDEC_ADAPTIVE_PROTECT=0.25)")
     parser.add_argument("--jit-verbose", action="store_true",

@@ -29,6 +29,10 @@
   and 24, three runs) it took suffix on code editing at batch 16 from 1.26-1.35x of plain
   decoding to 1.00-1.01x, at the price of its batch-1 win in two of the runs. n-gram moved
   within run-to-run noise; the EAGLE family and the draft model are not yet measured with it.
+- ``SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR=median|iqm``: how a draft length's observed/predicted
+  step-time ratios become its correction: the median of the last 16 (default), or ``iqm``, the
+  mean of their middle half (adaptive/observed_cost.py says why). Opt-in until measured on a
+  GPU.
 - ``SPECDEC_ADAPTIVE_RESUME_GAIN=<fraction>``: how much more throughput than a plain step
   drafting must promise before the adaptive controller, once off, drafts again (default 0.10;
   adaptive/policy.py, hysteresis). ``0`` restores the earlier rule (the same 3% either way).
@@ -122,6 +126,13 @@ def model_cache_dir() -> str | None:
 
 def adaptive_drafting() -> bool:
     return os.environ.get("SPECDEC_ADAPTIVE", "1").strip().lower() in _TRUE
+
+
+def adaptive_observed_estimator() -> str:
+    """The name as given (checked against adaptive/observed_cost.py's estimators where the
+    config is built, adaptive/config.py)."""
+    value = os.environ.get("SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR", "median").strip().lower()
+    return value or "median"
 
 
 def adaptive_observed_cost_methods() -> frozenset[str] | None:

@@ -48,12 +48,13 @@ def test_noise_averages_out_in_log_space():
     assert cost.factor(1) == pytest.approx(1.5, rel=0.02)
 
 
-def test_intervals_of_a_few_steps_do_not_move_the_factor():
+@pytest.mark.parametrize("estimator", ["median", "iqm"])
+def test_intervals_of_a_few_steps_do_not_move_the_factor(estimator):
     # Seen on an H100 (session 23): among steps at about the table's time, intervals of 3-5x a
     # step (under discard_ratio). A fading mean followed them; the median does not until they
-    # are half of the window.
+    # are half of the window, the interquartile mean not while they are a quarter of it.
     window = ObservedCostSettings().window
-    cost = ObservedCost(NGRAM_LIKE)
+    cost = ObservedCost(NGRAM_LIKE, ObservedCostSettings(estimator=estimator))
     _feed(cost, 1, 4, 1.0, window)
     for _ in range(3):
         _feed(cost, 1, 4, 4.5, 1)
@@ -61,8 +62,38 @@ def test_intervals_of_a_few_steps_do_not_move_the_factor():
     assert cost.factor(4) == pytest.approx(1.0)
     assert cost.changes(range(K + 1)) == []
     # A cost that really moved is followed once it is most of the recent steps.
-    _feed(cost, 1, 4, 1.6, window // 2 + 1)
+    _feed(cost, 1, 4, 1.6, window // 2 + 1 if estimator == "median" else window * 3 // 4)
     assert cost.factor(4) == pytest.approx(1.6)
+
+
+def test_two_groups_of_step_times_move_the_median_between_them_not_the_iqm():
+    # Seen on an H100 (session 24, suffix): 1-token steps at about 0.9x and 1.3x the table, in
+    # runs of a few; the median's factor jumped between the two every nine or so steps.
+    rng = np.random.default_rng()
+    pattern, group = [], 0
+    while len(pattern) < 400:
+        pattern += [(0.9, 1.3)[group]] * int(rng.integers(1, 5))
+        group = 1 - group
+    jumps = {}
+    for estimator in ("median", "iqm"):
+        cost = ObservedCost(NGRAM_LIKE, ObservedCostSettings(estimator=estimator))
+        factors = []
+        for seen, ratio in enumerate(pattern, 1):
+            _feed(cost, 16, 1, ratio, 1)
+            if seen >= ObservedCostSettings().window:  # a full window: one in, one out
+                factors.append(cost.factor(1))
+        steps = np.exp(np.abs(np.diff(np.log(factors))))
+        jumps[estimator] = float(steps.max())
+    # One observation in, one out: the mean of the middle half moves by at most an eighth of
+    # the gap between the groups (1.3 / 0.9 = 1.44 -> 1.047); the median crosses half of it
+    # (1.20) at once whenever the window's mix passes eight and eight.
+    assert jumps["iqm"] <= (1.3 / 0.9) ** (1 / 8) + 1e-9
+    assert jumps["median"] >= (1.3 / 0.9) ** (1 / 2) - 1e-9
+
+
+def test_an_unknown_estimator_is_refused():
+    with pytest.raises(ValueError, match="estimator 'mean'"):
+        ObservedCost(NGRAM_LIKE, ObservedCostSettings(estimator="mean"))
 
 
 def test_unobserved_lengths_borrow_from_the_nearest_drafting_length_else_from_plain_steps():
@@ -208,6 +239,19 @@ def test_the_switch(monkeypatch):
         _check_observed_cost_methods()
     from specdec_plugin.device.cuda import CudaDevice
     assert CudaDevice.process_env["SPECDEC_ADAPTIVE_OBSERVED_COST"] == "suffix"
+    # The estimator: the median unless asked; a name it does not know is refused with the
+    # variable's name, where the config is built.
+    from specdec_plugin import envs
+    from specdec_plugin.adaptive.config import _check_observed_estimator
+
+    monkeypatch.delenv("SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR", raising=False)
+    assert envs.adaptive_observed_estimator() == "median"
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR", "IQM")
+    assert envs.adaptive_observed_estimator() == "iqm"
+    _check_observed_estimator()
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR", "mean")
+    with pytest.raises(ValueError, match="SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR='mean'"):
+        _check_observed_estimator()
     # Off: the policy reads the table itself, and step times change nothing.
     controller = DraftLengthController(K, NGRAM_LIKE, learn_costs=False)
     controller.observe_step_time(16, K, 10.0)

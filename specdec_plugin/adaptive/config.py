@@ -9,6 +9,7 @@ vLLM's own dynamic schedule is refused there for the same reason).
 from __future__ import annotations
 
 from specdec_plugin import envs
+from specdec_plugin.adaptive.observed_cost import ESTIMATORS
 from specdec_plugin.log import init_logger
 
 logger = init_logger(__name__)
@@ -53,6 +54,13 @@ def _check_observed_cost_methods() -> None:
             f"use 0, 1, or a comma list of {sorted(ADAPTIVE_METHODS - {'ngram_gpu'})}")
 
 
+def _check_observed_estimator() -> None:
+    name = envs.adaptive_observed_estimator()
+    if name not in ESTIMATORS:
+        raise ValueError(f"SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR={name!r}: expected one of "
+                         f"{sorted(ESTIMATORS)}")
+
+
 def learns_step_costs(method: str) -> bool:
     """Whether the controller of ``method`` corrects its cost table by observed step times.
     ``ngram_gpu`` (n-gram matched on the device) goes by the user's name for it, ``ngram``."""
@@ -79,6 +87,7 @@ def apply_adaptive(vllm_config) -> None:
     # config is built, a bad value fails before any model is loaded.
     envs.adaptive_resume_gain()
     _check_observed_cost_methods()
+    _check_observed_estimator()
     envs.adaptive_protect()
     scheduler = vllm_config.scheduler_config
     scheduler.scheduler_cls = _SCHEDULERS[bool(scheduler.async_scheduling)]

@@ -32,7 +32,7 @@ from typing import Sequence
 
 from specdec_plugin.adaptive.acceptance import AcceptanceSettings, AcceptanceTracker
 from specdec_plugin.adaptive.cost_model import CostTable
-from specdec_plugin.adaptive.observed_cost import ObservedCost
+from specdec_plugin.adaptive.observed_cost import ObservedCost, ObservedCostSettings
 from specdec_plugin.adaptive.policy import RESUME_GAIN, choose_draft_length
 from specdec_plugin.log import init_logger
 
@@ -46,12 +46,14 @@ PROBE_LENGTH = 1
 class DraftLengthController:
     def __init__(self, max_k: int, cost: CostTable, allowed: Sequence[int] | None = None,
                  settings: AcceptanceSettings | None = None, learn_costs: bool = True,
-                 resume_gain: float = RESUME_GAIN, protect_quantile: float | None = None):
+                 resume_gain: float = RESUME_GAIN, protect_quantile: float | None = None,
+                 cost_estimator: str = "median"):
         self.max_k = max_k
         self.resume_gain = resume_gain
         self.protect_quantile = protect_quantile
         self.table = cost
-        self.observed_cost = ObservedCost(cost) if learn_costs else None
+        self.observed_cost = (ObservedCost(cost, ObservedCostSettings(estimator=cost_estimator))
+                              if learn_costs else None)
         # What the policy reads: the table, corrected where steps were observed.
         self.cost = self.observed_cost if self.observed_cost is not None else cost
         self.allowed = tuple(sorted(set(allowed))) if allowed is not None else tuple(range(max_k + 1))

@@ -16,6 +16,16 @@ step (34 ms where steps took 7-11 ms), under the stall cut below, and a fading m
 ratios (the estimator before) followed them: the factor of 4-token steps swung between 0.93
 and 1.48 within one benchmark run, and adaptive n-gram with the correction lost its batch-1
 win on code. Up to half of a window can be such intervals before the median moves.
+
+A median has its own failure: where a length's step times fall in two groups of similar size,
+it jumps from one group to the other as the window's mix shifts by a step or two. On the H100
+(session 24, suffix at batch 4-64) the 1-token factor went 1.25 -> 0.88 -> 1.27 -> 0.87 -> 1.39
+-> 0.93 -> 1.36 -> 0.94 -> 1.37 -> 0.95 -> 1.21 -> 0.86 -> 1.19 in one run, a move every nine
+or so steps, each one changing what drafting is predicted to cost by a third. Throughput
+follows the mean step time, not the median. ``estimator="iqm"`` (opt-in,
+``SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR=iqm``, not yet measured on a GPU) takes the mean of the
+middle half of the window instead: a quarter of the window at either end is dropped (the
+stalls above), and two groups are averaged rather than chosen between.
 ``step_time(n, k)`` is the table's prediction times that length's factor. Only ratios between
 lengths change a decision (``policy.py`` compares tokens per second across k), so what matters
 is getting each length's factor relative to the others right:
@@ -63,13 +73,25 @@ from specdec_plugin.adaptive.policy import StepCost
 
 @dataclass(frozen=True)
 class ObservedCostSettings:
-    # The factor of a length is the median of its last this many ratios.
+    # The factor of a length is the median (or "iqm": the mean of the middle half) of its last
+    # this many ratios, in log space.
     window: int = 16
+    estimator: str = "median"
     min_observations: int = 8
     min_factor: float = 0.5
     max_factor: float = 5.0
     # An observed/predicted ratio above this is not a step's cost: dropped.
     discard_ratio: float = 10.0
+
+
+def interquartile_mean(values) -> float:
+    """The mean of the middle half: a quarter of the values (rounded down) dropped at each end."""
+    ordered = sorted(values)
+    cut = len(ordered) // 4
+    return statistics.fmean(ordered[cut:len(ordered) - cut])
+
+
+ESTIMATORS = {"median": statistics.median, "iqm": interquartile_mean}
 
 
 class ObservedCost:
@@ -78,6 +100,9 @@ class ObservedCost:
     def __init__(self, table: StepCost, settings: ObservedCostSettings | None = None):
         self.table = table
         self.settings = settings or ObservedCostSettings()
+        if self.settings.estimator not in ESTIMATORS:
+            raise ValueError(f"observed-cost estimator {self.settings.estimator!r}: expected one "
+                             f"of {sorted(ESTIMATORS)}")
         # Per length: the last ``window`` log ratios, and the number of observations.
         self._log_ratios: dict[int, deque[float]] = {}
         self.observations: dict[int, int] = {}
@@ -104,7 +129,7 @@ class ObservedCost:
 
     def _own_factor(self, k: int) -> float:
         s = self.settings
-        factor = math.exp(statistics.median(self._log_ratios[k]))
+        factor = math.exp(ESTIMATORS[s.estimator](self._log_ratios[k]))
         return min(max(factor, s.min_factor), s.max_factor)
 
     def factor(self, k: int) -> float:
