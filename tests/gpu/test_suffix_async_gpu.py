@@ -26,15 +26,13 @@ from __future__ import annotations
 import pytest
 
 from tests.gpu.engine_jobs import count_equal, run_jobs, single_batch
-from tests.gpu.ties import assert_flips_are_near_ties
+from tests.gpu.ties import BF16_MIN_EQUAL, assert_flips_are_near_ties
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 K = 4
 MAX_TOKENS = 64
 SUFFIX = {"method": "suffix", "num_speculative_tokens": K}
-# bf16: as tests/gpu/test_spec_decode_gpu.py (tests/gpu/ties.py).
-BF16_MIN_EQUAL = 0.8
 
 
 def _jobs(smollm2: str) -> dict[str, dict]:
