@@ -9,7 +9,8 @@ per-position acceptance at each batch size, and the ratio ours/native.
     python benchmarks/bench_gpu_side_by_side.py --out results/ [--model llama7b-random]
         [--methods none,draft_model,eagle,eagle3,ngram,suffix] [--batches 1,16]
         [--backends native,ours,ours-static,ours-defer,ours-nodefer,ours-async,native-async,ours-sync,
-                    ours-uniform,ours-ragged,ours-suffix-async,ours-suffix-sync,ours-observed]
+                    ours-uniform,ours-ragged,ours-suffix-async,ours-suffix-sync,ours-observed,
+                    ours-unpadded]
 
 Models:
 - ``llama7b-random``: the random 7.24B Llama of ../shared/notes/native-baseline.md with random
@@ -172,6 +173,11 @@ BACKENDS = {
     # SPECDEC_ADAPTIVE_PROTECT): opt-in until measured here.
     "ours-protect": Backend("ours", "specdec_plugin, slowest quarter protected",
                             {"SPECDEC_ADAPTIVE_PROTECT": "0.25"}, methods=_DRAFTING),
+    # The draft model as before session 25: its drafter graphs recorded per exact batch shape
+    # while serving, its pass run every step (no deferral without padded graphs).
+    "ours-unpadded": Backend("ours", "specdec_plugin, draft model unpadded",
+                             {"SPECDEC_DRAFTER_PADDING": "0"},
+                             methods=frozenset({"draft_model"})),
     # What async scheduling is worth to plain decoding: the methods that run without it
     # (suffix, draft model by default) pay at most this.
     "ours-sync": Backend("ours", "specdec_plugin, async scheduling off",
@@ -341,7 +347,8 @@ def main() -> None:
                              "ours-observed / ours-table: SPECDEC_ADAPTIVE_OBSERVED_COST=1 / 0; ours-observed-iqm: "
                              "SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR=iqm; ours-resume0: "
                              "SPECDEC_ADAPTIVE_RESUME_GAIN=0; ours-protect: "
-                             "SPECDEC_ADAPTIVE_PROTECT=0.25)")
+                             "SPECDEC_ADAPTIVE_PROTECT=0.25; ours-unpadded: "
+                             "SPECDEC_DRAFTER_PADDING=0, draft model)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "
                              "run_clock_windows) to tell a slow timed run's cause")

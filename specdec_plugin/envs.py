@@ -9,11 +9,12 @@
 - ``SPECDEC_DRAFTER_GRAPHS=0``: run the drafter's steps eagerly (vLLM's V1 way: piecewise
   graphs, attention outside them) instead of replaying our graphs of them. Default on where
   the device has graphs.
-- ``SPECDEC_DRAFTER_PADDING=0``: record EAGLE / EAGLE-3 / MTP drafter graphs per exact batch
-  shape, the first time each shape is met while serving, instead of padding batches to a few
-  shapes that are all recorded at engine start (spec_decode/drafter_padding.py). Default on.
-- ``SPECDEC_DEFER_DRAFTER_SYNC=0|1``: whether the EAGLE / EAGLE-3 / MTP drafter's pass (and,
-  where drafter graphs are off, as on the CPU, the draft model's) over the new tokens of a
+- ``SPECDEC_DRAFTER_PADDING=0``: record EAGLE / EAGLE-3 / MTP / draft-model drafter graphs per
+  exact batch shape, the first time each shape is met while serving, instead of padding batches
+  to a few shapes that are all recorded at engine start (spec_decode/drafter_padding.py).
+  Default on.
+- ``SPECDEC_DEFER_DRAFTER_SYNC=0|1``: whether the EAGLE / EAGLE-3 / MTP / draft-model drafter's
+  pass (the draft model's not where its graphs are recorded unpadded) over the new tokens of a
   step that drafts nothing (k = 0) is deferred, and one pass over a request's deferred tokens
   runs when it next needs its drafter (spec_decode/deferred_sync.py), or runs every step as
   vLLM does. Default: the device layer's (on for the CPU and CUDA GPUs, where it has run; off

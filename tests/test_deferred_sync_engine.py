@@ -135,25 +135,32 @@ def test_drafts_are_the_same_with_deferral_on_and_off(runs):
     _assert_same_drafts(runs[True], runs[False])
 
 
-def test_draft_model_drafts_are_the_same_with_deferral_on_and_off(smollm2_path, engines):
+@pytest.fixture(scope="module")
+def draft_model_runs(smollm2_path):
+    return {"on": _run(smollm2_path, True, prefix_caching=True, method="draft_model"),
+            "off": _run(smollm2_path, False, prefix_caching=True, method="draft_model"),
+            "graphs": _run(smollm2_path, True, prefix_caching=True, graphs=True,
+                           method="draft_model")}
+
+
+def test_draft_model_drafts_are_the_same_with_deferral_on_and_off(draft_model_runs, engines,
+                                                                  smollm2_path):
     # The draft model inserts the next token after each request's tokens
-    # (deferred_sync._extra_slot_lines_up): a flush writes the kept positions and the step's
-    # first one, which the step's own pass then writes again with the same token.
-    run_on = _run(smollm2_path, True, prefix_caching=True, method="draft_model")
-    run_off = _run(smollm2_path, False, prefix_caching=True, method="draft_model")
-    _assert_same_drafts(run_on, run_off)
-    assert run_on[0] == _plain_tokens(engines, smollm2_path)
+    # (deferred_sync.inserts_next_token_slot): a flush writes the kept positions and the
+    # step's first one, which the step's own pass then writes again with the same token.
+    _assert_same_drafts(draft_model_runs["on"], draft_model_runs["off"])
+    assert draft_model_runs["on"][0] == _plain_tokens(engines, smollm2_path)
 
 
 def test_greedy_output_equals_no_speculation(runs, engines, smollm2_path):
     assert runs[True][0] == _plain_tokens(engines, smollm2_path)
 
 
-def test_flushes_replayed_from_padded_graphs_draft_as_vllm_does(runs):
-    # With drafter graphs (emulated on the host, as on a GPU), a request keeps at most 1+K
-    # tokens and its flush replays the padded k = 0 graph. Against eager, no deferral.
-    tokens, recorded, counts, (depth, padded_k0) = runs["graphs"]
-    tokens_off, recorded_off, _, _ = runs[False]
+def _assert_padded_flushes_draft_as_eager(run_graphs, run_off) -> None:
+    """With drafter graphs (emulated on the host, as on a GPU), a request keeps at most 1+K
+    tokens and its flush replays the padded k = 0 graph. Against eager, no deferral."""
+    tokens, recorded, counts, (depth, padded_k0) = run_graphs
+    tokens_off, recorded_off, _, _ = run_off
     print(f"graphs: depth {depth}, {padded_k0} padded k = 0 graphs, deferred/flushes/dropped "
           f"{counts}")
     assert depth == K + 1 and padded_k0 > 0 and counts[0] > 20 and counts[1] > 5, counts
@@ -161,6 +168,17 @@ def test_flushes_replayed_from_padded_graphs_draft_as_vllm_does(runs):
     assert [(k, ids) for k, ids, _ in recorded] == [(k, ids) for k, ids, _ in recorded_off]
     mismatched = [i for i, (k, _, d) in enumerate(recorded_off) if k > 0 and recorded[i][2] != d]
     assert not mismatched, [(recorded[i], recorded_off[i]) for i in mismatched[:3]]
+
+
+def test_flushes_replayed_from_padded_graphs_draft_as_vllm_does(runs):
+    _assert_padded_flushes_draft_as_eager(runs["graphs"], runs[False])
+
+
+def test_draft_model_padded_graphs_draft_as_vllm_does(draft_model_runs):
+    # The draft model's padded layout: fillers become rejected slots after the inserted next
+    # token (spec_decode/drafter_padding.py). Padded since session 25; before, its graphs were
+    # recorded per exact shape and its passes on a GPU were never deferred.
+    _assert_padded_flushes_draft_as_eager(draft_model_runs["graphs"], draft_model_runs["off"])
 
 
 # The step that finishes the first request starts up to K + 1 positions before its end, and

@@ -135,9 +135,10 @@ class _VllmDrafter:
         self.parallel_drafting = self.uses_mrope = self._share_mtp_indices = False
         self.uses_xdrope_dim, self.eplb_state = 0, None
         self._enable_probabilistic_draft_probs = False
-        # The exact-shape graphs are what these tests measure (as for the draft model, which
-        # inserts a token per request); padded ones: tests/test_drafter_padding.py.
-        self.needs_extra_input_slots = True
+        # The exact-shape graphs are what these tests measure: an inserted-slot layout that
+        # padding does not map (parallel drafting's); padded ones: tests/test_drafter_padding.py.
+        self.needs_extra_input_slots = self.pass_hidden_states_to_model = True
+        self.net_num_new_slots_per_request = self.extra_slots_per_request = K
         self.eager = 0
         self.dummy_runs = []
 

@@ -241,7 +241,7 @@ class DeferredDrafterSync:
             self.device, non_blocking=True)
 
 
-def _extra_slot_lines_up(drafter) -> bool:
+def inserts_next_token_slot(drafter) -> bool:
     """Whether the drafter's inserted slots still line up with kept tokens: true for the draft
     model (vLLM's ``DraftModelProposer``), which reads no hidden states and inserts exactly one
     slot per request, the next token at the position after the request's last (vLLM's
@@ -257,7 +257,7 @@ def _extra_slot_lines_up(drafter) -> bool:
 def make_deferred_sync(drafter, runner) -> DeferredDrafterSync | None:
     """The deferral for an EAGLE / EAGLE-3 / MTP drafter or a draft model, or None where it
     does not apply: switched off, other drafters that insert slots per request (kept tokens
-    would not line up with their inputs, ``_extra_slot_lines_up``), parallel drafting, M-RoPE /
+    would not line up with their inputs, ``inserts_next_token_slot``), parallel drafting, M-RoPE /
     XD-RoPE positions, multimodal or heterogeneous-vocabulary drafters, and data parallelism
     (ranks would run different passes, and the drafter's collectives must match).
 
@@ -270,11 +270,11 @@ def make_deferred_sync(drafter, runner) -> DeferredDrafterSync | None:
         return None
     config = drafter.vllm_config
     extra_slot = drafter.needs_extra_input_slots
-    if extra_slot and not _extra_slot_lines_up(drafter):
+    if extra_slot and not inserts_next_token_slot(drafter):
         return None
-    if extra_slot and getattr(drafter, "_graph_device", None) is not None:
-        # Measured on the CPU only. With drafter graphs the draft model is not padded
-        # (drafter_padding.py), so each flush shape would record a graph of its own.
+    if extra_slot and getattr(drafter, "_graph_device", None) is not None \
+            and not envs.drafter_padding():
+        # With unpadded drafter graphs each flush shape would record a graph of its own.
         return None
     if (drafter.parallel_drafting or drafter.uses_mrope or drafter.uses_xdrope_dim > 0
             or drafter.supports_mm_inputs or getattr(drafter, "use_heterogeneous_vocab", False)

@@ -28,10 +28,10 @@ vLLM's ``propose`` runs unchanged, not recorded, in these cases:
 - queries longer than 1+K (prefills);
 - devices without graphs, ``enforce_eager``, ``SPECDEC_DRAFTER_GRAPHS=0``.
 
-EAGLE, EAGLE-3 and MTP decode steps are padded to a few fixed shapes instead
+EAGLE, EAGLE-3, MTP and draft-model decode steps are padded to a few fixed shapes instead
 (drafter_padding.py), and those graphs are all recorded at engine start
 (``prerecord_graphs``, called by the runner once the target's graphs are captured); the
-exact-shape keys above remain for the draft model and for steps that cannot be padded.
+exact-shape keys above remain for steps that cannot be padded.
 
 Steps that draft nothing may skip the pass altogether (deferred_sync.py, ``_defer_step``):
 their inputs are kept and written in one pass when the request next needs its drafter (with
@@ -55,7 +55,11 @@ from specdec_plugin.log import init_logger
 from specdec_plugin import envs
 from specdec_plugin.adaptive.config import adaptive_enabled
 from specdec_plugin.spec_decode.draft_vocab import greedy_draft_tokens, local_argmax_applies
-from specdec_plugin.spec_decode.deferred_sync import host_seq_lens, make_deferred_sync
+from specdec_plugin.spec_decode.deferred_sync import (
+    host_seq_lens,
+    inserts_next_token_slot,
+    make_deferred_sync,
+)
 from specdec_plugin.spec_decode.drafter_padding import PaddedDraftInputs
 from specdec_plugin.spec_decode.graph_memory import (
     GraphMemoryBudget,
@@ -343,17 +347,25 @@ class DrafterGraphs:
         return self._padded_inputs or None
 
     def _make_padded_inputs(self) -> PaddedDraftInputs | None:
-        if (self._graph_device is None or self.needs_extra_input_slots or not envs.drafter_padding()
+        next_token_slot = inserts_next_token_slot(self)
+        if (self._graph_device is None or not envs.drafter_padding()
+                or (self.needs_extra_input_slots and not next_token_slot)
                 or self.block_size <= 0):
             return None
         from specdec_plugin.ops.registry import get_kernel
 
         query_len = 1 + self.speculative_config.num_speculative_tokens
+        # The padded pass must fit the drafter's token buffers, inserted slots included.
+        max_reqs = min(self.max_batch_size,
+                       self.max_num_tokens // (query_len + int(next_token_slot)))
+        if max_reqs < 1:
+            return None
         return PaddedDraftInputs(
-            self.max_batch_size, query_len, self._target_hidden_width(), self.dtype,
+            max_reqs, query_len, self._target_hidden_width(), self.dtype,
             -(-self.max_model_len // self.block_size),
             self.max_model_len, self.device,
-            get_kernel("pad_drafter_batch", self._graph_device.kernel_providers))
+            get_kernel("pad_drafter_batch", self._graph_device.kernel_providers),
+            next_token_slot=next_token_slot)
 
     def _replay_padded(self, call: _ProposeCall) -> torch.Tensor | None:
         inputs = self._padding()

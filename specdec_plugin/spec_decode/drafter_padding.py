@@ -12,9 +12,18 @@ the keys are (draft length, P) and all of them are recorded when the engine star
 One set of input buffers, sized for the largest bucket, serves every padded graph: the graphs
 replay one after another, so each reads the first ``P`` rows of the same tensors.
 
-Not padded (the exact-shape graphs, or eager drafting, as before): the draft model (it
-inserts a token per request, ``needs_extra_input_slots``), and steps whose longest sequence
-is within 1+K tokens of ``max_model_len`` (the fillers would reach past the block table).
+The draft model is padded the same way (``next_token_slot``). vLLM's draft-model pass inserts
+the next token after each request's real tokens and treats the tokens after it as rejected
+(its ``copy_and_expand_eagle_inputs_kernel``): our fillers are counted as rejected tokens, so
+they become rejected slots there, which write no KV. A filler request's one valid token and
+its inserted slot sit at ``max_model_len - 2`` and ``- 1`` and write their KV into block 0,
+vLLM's null block, which no request reads (vLLM recomputes the draft model's slots from the
+block table, so our filler slot of -1 does not reach it). Until session 25 the draft
+model recorded exact-shape graphs while serving instead (15 per engine on the H100, session 13).
+
+Not padded (the exact-shape graphs, or eager drafting, as before): other drafters that insert
+slots (parallel drafting, DFlash), and steps whose longest sequence is within 1+K tokens of
+``max_model_len`` (the fillers would reach past the block table).
 """
 from __future__ import annotations
 
@@ -40,12 +49,17 @@ class PaddedDraftInputs:
 
     def __init__(self, max_reqs: int, query_len: int, hidden_width: int,
                  hidden_dtype: torch.dtype, block_width: int, max_model_len: int,
-                 device: torch.device, pad_kernel) -> None:
+                 device: torch.device, pad_kernel, next_token_slot: bool = False) -> None:
         self.buckets = request_buckets(max_reqs)
         self.query_len = query_len
         self.hidden_width = hidden_width
         self.hidden_dtype = hidden_dtype
         self.max_model_len = max_model_len
+        # Where a filler request sits: at the last position, so that vLLM's draft steps step
+        # past max_model_len, which it clamps and masks. With an inserted slot (the draft
+        # model) one lower: the slot takes the next position, which must stay in the rotary
+        # table (vLLM gives its rejected slots position 0).
+        self.fake_position = max_model_len - 1 - int(next_token_slot)
         self._pad = pad_kernel
         rows, reqs = max_reqs * query_len, max_reqs
 
@@ -97,7 +111,7 @@ class PaddedDraftInputs:
                   kwargs["target_hidden_states"], kwargs["next_token_ids"],
                   kwargs["token_indices_to_sample"], kwargs["num_rejected_tokens_gpu"],
                   cad.query_start_loc, cad.seq_lens, cad.block_table_tensor, cad.slot_mapping,
-                  *outputs, query_len=self.query_len, fake_position=self.max_model_len - 1)
+                  *outputs, query_len=self.query_len, fake_position=self.fake_position)
 
     def compile_kernel_variants(self) -> None:
         """Launch the pad kernel now in both variants serving uses: vLLM passes the sampled

@@ -16,8 +16,8 @@ The layout (EAGLE, EAGLE-3, MTP inputs as vLLM's padded drafter batch passes the
   steps subtract the rejected count again, so they see the unpadded length. The token to sample
   keeps pointing at the same token; the next token and the block table row are copied.
 - filler request ``i >= num_reqs``: ``query_len`` filler tokens at ``fake_position``
-  (``max_model_len - 1``: vLLM's draft-step update then clamps it and writes no KV), sequence
-  length ``query_len``, rejected ``query_len - 1``, sampling its first token, next token 0,
+  (``max_model_len - 1``; one lower for the draft model, spec_decode/drafter_padding.py),
+  sequence length ``query_len``, rejected ``query_len - 1``, sampling its first token, next token 0,
   block table row all 0 (vLLM's null block, never handed to a request). Its drafts are dropped.
 
 Shapes: ``target_token_ids``/``target_positions`` ``[T]``, ``target_hidden_states`` ``[T, H]``,
