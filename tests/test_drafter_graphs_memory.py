@@ -85,8 +85,15 @@ def test_budget_lets_the_pool_grow_and_holds_the_sum_to_the_reservation():
 
 
 def test_reservation_is_two_working_sets_and_eight_buffer_sets():
-    budget = GraphMemoryBudget.for_largest_shape(working_set=50, static_bytes=3)
-    assert (budget.working_limit, budget.static_limit) == (100, 24)
+    big = graph_memory.MIN_WORKING_SET + 50
+    budget = GraphMemoryBudget.for_largest_shape(working_set=big, static_bytes=3)
+    assert (budget.working_limit, budget.static_limit) == (2 * big, 24)
+
+
+def test_a_small_working_set_counts_as_the_allocators_floor():
+    # A small drafter's pool still grows by whole allocator segments (graph_memory.py).
+    budget = GraphMemoryBudget.for_largest_shape(working_set=24 * MiB, static_bytes=3)
+    assert budget.working_limit == 2 * graph_memory.MIN_WORKING_SET > 2 * 24 * MiB
 
 
 # ---- the drafter: reservation and enforcement ----
@@ -173,10 +180,11 @@ def drafter(monkeypatch):
 
 
 def test_reservation_measures_the_largest_shape_and_installs_the_budget(drafter):
-    limit = drafter.reserve_graph_memory(lambda fn: (fn(), 30 * MiB)[1])
+    limit = drafter.reserve_graph_memory(lambda fn: (fn(), 90 * MiB)[1])
     shape = largest_decode_shape(256, 2048, K)
     assert drafter.dummy_runs == [(shape.num_tokens, False)]
-    working = 30 * MiB + graph_memory.logits_bytes(shape.num_reqs, 1000)
+    working = 90 * MiB + graph_memory.logits_bytes(shape.num_reqs, 1000)
+    assert working > graph_memory.MIN_WORKING_SET
     # EAGLE-3: three auxiliary target layers of width 8, side by side (24 = HIDDEN).
     static = static_input_bytes(shape, 24, torch.bfloat16, 1024 // 16)
     assert limit == 2 * working + 8 * static

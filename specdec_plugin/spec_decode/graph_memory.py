@@ -13,7 +13,8 @@ What a recording holds on the device:
 - the eager warm-up pass before recording runs on our side stream, and the caching allocator
   keeps what it freed there for that stream: again about one largest working set.
 
-So the reservation is ``PEAK_COPIES`` working sets of the largest decode shape plus
+So the reservation is ``PEAK_COPIES`` working sets of the largest decode shape (at least
+``MIN_WORKING_SET`` each) plus
 ``STATIC_COPIES`` static-buffer sets of that shape (``GraphMemoryBudget.for_largest_shape``).
 The working set is measured at start-up (the drafter's own forward passes at that shape, plus
 its logits), the buffers are computed from the shapes. A recording is refused when its
@@ -33,6 +34,14 @@ import torch
 
 # The graph pool and the side stream's cache: one largest working set each.
 PEAK_COPIES = 2
+# The least working set counted. The caching allocator grows a pool by whole segments (20 MiB
+# for the blocks of 1-10 MiB that a small drafter allocates), so a small model's graph takes
+# several segments whatever its measured working set. Measured on the H100 (session 25): the
+# 2-layer draft model of the random-7B benchmark measured 24 MiB, its first padded graph (64
+# requests, k = 0) grew the pool by 87 MiB against a 69 MiB reservation, which then refused
+# every other graph. 64 MiB per copy holds back 128 MiB: nothing beside a KV cache of tens of
+# GiB, and EAGLE-3 on the same model (47 MiB measured) recorded all 60 graphs in 155 MiB.
+MIN_WORKING_SET = 64 * 2**20
 # Static input buffers are per graph. A smaller batch's buffers cost proportionally less, so
 # this many largest-shape sets pay for many more graphs of the shapes traffic usually has.
 STATIC_COPIES = 8
@@ -94,7 +103,8 @@ class GraphMemoryBudget:
 
     @classmethod
     def for_largest_shape(cls, working_set: int, static_bytes: int) -> "GraphMemoryBudget":
-        return cls(PEAK_COPIES * max(working_set, 0), STATIC_COPIES * max(static_bytes, 0))
+        return cls(PEAK_COPIES * max(working_set, MIN_WORKING_SET),
+                   STATIC_COPIES * max(static_bytes, 0))
 
     @property
     def limit(self) -> int:
