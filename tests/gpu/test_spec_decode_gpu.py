@@ -208,10 +208,18 @@ def test_drafter_graphs_accept_like_eager_drafting(results, method):
 # Issue 12, "no compile after start": vLLM's JIT monitor logs every Triton compile once the
 # engine serves. Until session 13 each of these engines compiled the all-greedy rejection
 # kernel and (EAGLE family) the padded input-preparation kernels at its first request; start-up
-# now launches them (worker/kernel_warmup.py). The draft model compiled attention and expansion
-# variants while serving until its drafter batches were padded and their graphs recorded at
-# start-up (session 25). Suffix still compiles some (BENCHMARKS.md): not covered here yet.
-@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3", "mtp", "ngram"])
+# now launches them (worker/kernel_warmup.py). The draft model compiled four kernels while
+# serving (session 24); with its drafter batches padded and their graphs recorded at start-up
+# (session 25) one attention variant is left, in bf16 and fp32 alike, in its eager (prefill)
+# passes: expected to fail until found, so that the fix shows. Suffix still compiles some
+# (BENCHMARKS.md): not covered here yet.
+_DRAFT_MODEL_LATE_ATTENTION = pytest.mark.xfail(
+    strict=True, reason="the draft model compiles one _attention_tile_kernel variant at its "
+                        "first request (H100, session 25)")
+
+
+@pytest.mark.parametrize("method", [pytest.param("draft_model", marks=_DRAFT_MODEL_LATE_ATTENTION),
+                                    "eagle", "eagle3", "mtp", "ngram"])
 def test_no_kernel_compiles_after_start(results, method):
     for dtype in ("bfloat16", "float32"):
         late = results[f"ours/{dtype}/{method}"]["jit_events"]
