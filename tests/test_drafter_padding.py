@@ -181,3 +181,32 @@ def test_shared_buffers_are_charged_once_even_when_recordings_are_refused(drafte
     assert drafter._graph_device.captured == recorded
     assert drafter._graph_budget.static_used == buffers
     assert drafter._graph_budget.recordings == recorded
+
+
+def _inserted_slots(drafter, slots: int, hidden_to_model: bool) -> None:
+    drafter.needs_extra_input_slots = True
+    drafter.pass_hidden_states_to_model = hidden_to_model
+    drafter.extra_slots_per_request = slots
+    drafter.net_num_new_slots_per_request = slots - int(hidden_to_model)
+
+
+def test_the_draft_model_layout_is_padded_one_position_lower_within_its_buffers(drafter):
+    # vLLM's draft model inserts the next token after each request's tokens (one slot, no
+    # hidden states): padded, with filler requests one position lower, so that the inserted
+    # slot stays inside max_model_len. Its pass has 1+K+1 tokens per request, so the buckets
+    # stop at the requests the drafter's token buffers hold.
+    _inserted_slots(drafter, slots=1, hidden_to_model=False)
+    drafter.max_num_tokens = 6 * (K + 2) + 1
+    inputs = drafter._padding()
+    assert inputs is not None and inputs.fake_position == MAX_LEN - 2
+    assert inputs.buckets[-1] == 6 < drafter.max_batch_size
+
+
+def test_eagle_filler_requests_sit_at_the_last_position(drafter):
+    assert drafter._padding().fake_position == MAX_LEN - 1
+
+
+def test_other_inserted_slot_layouts_are_not_padded(drafter):
+    # Parallel drafting inserts K slots and passes hidden states: not a layout the padding maps.
+    _inserted_slots(drafter, slots=K, hidden_to_model=True)
+    assert drafter._padding() is None
