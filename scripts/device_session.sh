@@ -21,6 +21,10 @@
 #   bash scripts/device_session.sh start NAME CMD...     # run CMD detached, log in /root/jobs
 #   bash scripts/device_session.sh wait NAME SECONDS     # wait for NAME (at most SECONDS), copy
 #                                                        # /root/jobs/NAME.* and NAME/ to $OUT
+# The machine goes back about 30 s after a call ends, and a detached job dies with it: while a
+# job runs, make the next call (a `wait`) at once, and do any other work only after its files
+# are copied back (session 25 lost a benchmark's files and its queued GPU tests to two minutes
+# of editing between calls).
 set -uo pipefail
 export PYTHONPATH=/root/site PYTHONUNBUFFERED=1
 JOBS=/root/jobs
