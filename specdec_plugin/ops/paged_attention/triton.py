@@ -307,18 +307,34 @@ def _launch_plan(num_seqs: int, max_query_len: int, num_q_heads: int, num_kv_hea
                  8 if big_tile else 4)
 
 
+# Each split buffer starts on a multiple of this many float32s (16 bytes). Triton specialises a
+# pointer argument by 16-byte alignment, so a buffer that starts off it compiles another kernel
+# variant, in the middle of serving. With back-to-back views the sum buffer started at
+# rows * (head_pad + 1) floats, off 16 bytes whenever rows was not a multiple of 4: with two
+# splits and an odd count of requests times heads (SmolLM2's 9 heads, its draft model's 3).
+_SPLIT_ALIGN = 4
+
+
+def _split_sections(rows: int, head_pad: int) -> tuple[int, int, int]:
+    """Start of the max and sum buffers, and the workspace length, for ``rows`` partial rows."""
+    padded = -(-rows // _SPLIT_ALIGN) * _SPLIT_ALIGN
+    max_start = rows * head_pad  # a multiple of 16 floats: head_pad is
+    sum_start = max_start + padded
+    return max_start, sum_start, sum_start + padded
+
+
 def _split_buffers(rows: int, head_pad: int, device: torch.device):
-    """(acc, max, sum) views of the workspace for ``rows`` partial rows, or None (see
-    ``_workspace``). The views are cached until the workspace is replaced."""
+    """(acc, max, sum) views of the workspace for ``rows`` partial rows, each 16-byte aligned,
+    or None (see ``_workspace``). The views are cached until the workspace is replaced."""
     key = (device, rows, head_pad)
     cached = _split_views.get(key)
     if cached is not None and cached[0] is _workspaces.get(device):
         return cached[1]
-    ws = _workspace(rows * (head_pad + 2), device)
+    max_start, sum_start, numel = _split_sections(rows, head_pad)
+    ws = _workspace(numel, device)
     if ws is None:
         return None
-    views = (ws[: rows * head_pad], ws[rows * head_pad: rows * (head_pad + 1)],
-             ws[rows * (head_pad + 1):])
+    views = (ws[:max_start], ws[max_start: max_start + rows], ws[sum_start: sum_start + rows])
     _split_views[key] = (_workspaces[device], views)
     return views
 
@@ -444,5 +460,5 @@ def reserve_workspace(max_num_seqs: int, query_lens: tuple[int, ...], num_q_head
                 break  # more requests never split again
             largest = max(largest, num_seqs * query_len * num_q_heads * splits)
     if largest:
-        _workspace(largest * (head_pad + 2), device)
+        _workspace(_split_sections(largest, head_pad)[2], device)
     return max_seq_len
