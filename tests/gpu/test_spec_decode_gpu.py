@@ -95,6 +95,11 @@ def _jobs(smollm2: str) -> dict[str, dict]:
             adaptive = job("ours", smollm2, "float32", _spec(method))
             adaptive["env"] = {"SPECDEC_UNIFORM_DRAFTS": uniform, "SPECDEC_ADAPTIVE": "1"}
             jobs[f"ours/float32/{method}-{name}"] = adaptive
+    # The draft model under adaptive drafting: its padded graphs at every draft length 0..K and
+    # its deferred k = 0 passes (flushes replaying the padded k = 0 graph), since session 25.
+    adaptive_dm = job("ours", smollm2, "float32", _spec("draft_model"))
+    adaptive_dm["env"] = {"SPECDEC_ADAPTIVE": "1"}
+    jobs["ours/float32/draft_model-adaptive"] = adaptive_dm
     jobs["ours/float32/none-eager"] = job("ours", smollm2, "float32", enforce_eager=True)
     jobs["ours/float32/eagle-eager"] = job("ours", smollm2, "float32", _spec("eagle"),
                                            enforce_eager=True)
@@ -250,6 +255,18 @@ def test_adaptive_drafts_are_lossless(results, method, lengths):
     """Adaptive drafting, drafts padded to one length (adaptive/uniform_drafts.py: filler
     verified in full graphs) or left ragged (piecewise graphs): the output is the target's."""
     _assert_equal_but_ties(results, "ours/float32/none", f"ours/float32/{method}-{lengths}")
+
+
+def test_adaptive_draft_model_replays_padded_graphs_losslessly(results):
+    """Adaptive drafting asks the draft model for every length 0..K: each has padded graphs
+    recorded at start-up (more than the K-only engine's), none recorded while serving, and the
+    output is plain decoding's (fp32, ties aside)."""
+    name = "ours/float32/draft_model-adaptive"
+    graphs = results[name]["drafter_graphs"]
+    static = results["ours/float32/draft_model"]["drafter_graphs"]
+    assert graphs["failed"] == 0 and graphs["recorded_while_serving"] == 0, graphs
+    assert graphs["recorded"] > static["recorded"], (graphs, static)
+    _assert_equal_but_ties(results, "ours/float32/none", name)
 
 
 def test_draft_model_expansion_kernel_compiles_once(results):
