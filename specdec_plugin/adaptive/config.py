@@ -9,7 +9,7 @@ vLLM's own dynamic schedule is refused there for the same reason).
 from __future__ import annotations
 
 from specdec_plugin import envs
-from specdec_plugin.adaptive.observed_cost import ESTIMATORS
+from specdec_plugin.adaptive.observed_cost import check_estimator
 from specdec_plugin.log import init_logger
 
 logger = init_logger(__name__)
@@ -55,10 +55,7 @@ def _check_observed_cost_methods() -> None:
 
 
 def _check_observed_estimator() -> None:
-    name = envs.adaptive_observed_estimator()
-    if name not in ESTIMATORS:
-        raise ValueError(f"SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR={name!r}: expected one of "
-                         f"{sorted(ESTIMATORS)}")
+    check_estimator(envs.adaptive_observed_estimator(), "SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR=")
 
 
 def learns_step_costs(method: str) -> bool:

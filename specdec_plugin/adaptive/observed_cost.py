@@ -94,15 +94,20 @@ def interquartile_mean(values) -> float:
 ESTIMATORS = {"median": statistics.median, "iqm": interquartile_mean}
 
 
+def check_estimator(name: str, label: str = "observed-cost estimator ") -> None:
+    """Refuse an estimator name that ``ESTIMATORS`` lacks; ``label`` says where it came from
+    (adaptive/config.py names the environment variable)."""
+    if name not in ESTIMATORS:
+        raise ValueError(f"{label}{name!r}: expected one of {sorted(ESTIMATORS)}")
+
+
 class ObservedCost:
     """A ``StepCost`` (policy.py): ``table``'s prediction times a learned factor per length."""
 
     def __init__(self, table: StepCost, settings: ObservedCostSettings | None = None):
         self.table = table
         self.settings = settings or ObservedCostSettings()
-        if self.settings.estimator not in ESTIMATORS:
-            raise ValueError(f"observed-cost estimator {self.settings.estimator!r}: expected one "
-                             f"of {sorted(ESTIMATORS)}")
+        check_estimator(self.settings.estimator)
         # Per length: the last ``window`` log ratios, and the number of observations.
         self._log_ratios: dict[int, deque[float]] = {}
         self.observations: dict[int, int] = {}
