@@ -196,24 +196,6 @@ def test_small_check_catches_a_wrong_scale(small):
         check_written(out, case)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 18, 27, 54])
-def test_split_buffers_each_start_on_16_bytes(small, rows):
-    """Triton specialises pointer arguments by 16-byte alignment: a split buffer that starts off
-    it would compile another kernel variant while serving. Rows that are not a multiple of 4
-    (two splits over an odd count of requests times heads) put the sum buffer there before."""
-    kernels, where = small
-    device, head_pad = torch.device(where), 64
-    acc, mx, sm = kernels._split_buffers(rows, head_pad, device)
-    assert (acc.numel(), mx.numel(), sm.numel()) == (rows * head_pad, rows, rows)
-    for view in (acc, mx, sm):
-        assert view.data_ptr() % 16 == 0, (rows, view.data_ptr() % 16)
-    # Disjoint, in order, inside the workspace a reservation of this many rows allocates.
-    ends = [(v.data_ptr(), v.data_ptr() + 4 * v.numel()) for v in (acc, mx, sm)]
-    assert ends[0][1] <= ends[1][0] and ends[1][1] <= ends[2][0]
-    base = kernels._workspaces[device].data_ptr()
-    assert ends[2][1] - base <= 4 * kernels._split_sections(rows, head_pad)[2]
-
-
 def test_split_plan_depends_only_on_the_arguments(small, monkeypatch):
     """The split count (and so the summation order) follows from the launch's own arguments,
     ``plan_seq_len`` included: a workspace reserved meanwhile for a longer context (another
