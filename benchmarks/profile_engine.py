@@ -8,7 +8,11 @@ see the scheduler, the model runner, the drafter and every kernel launch. Prints
 - host-side totals from the torch profiler: device kernel time, graph launches, kernel launches,
   host<->device copies and synchronisations (a step that waits on the GPU cannot overlap),
 - the top operators by self host time and by device time,
-- the top Python functions by own time (cProfile).
+- the top Python functions by own time (cProfile),
+- the device timeline (``trace_steps.py``) from a pass that profiles device activity alone:
+  busy and idle time per step, idle gaps by length, device time per kernel. Two engines'
+  summaries diff with ``python benchmarks/trace_steps.py --diff A/summary.json B/summary.json``.
+  ``--device-only`` runs only that pass.
 
     python benchmarks/profile_engine.py --backend ours --method eagle --batch 1 --out DIR
 
@@ -48,6 +52,8 @@ def _args():
     p.add_argument("--timed", type=int, default=4)
     p.add_argument("--out", required=True)
     p.add_argument("--engine", default="{}", help="extra LLM(...) arguments as JSON")
+    p.add_argument("--device-only", action="store_true",
+                   help="only the device-timeline pass (no host profiler, no cProfile)")
     return p.parse_args()
 
 
@@ -65,6 +71,12 @@ def _profiler_summary(prof) -> dict:
              "aten::to", "aten::copy_", "aten::nonzero")
     return {"device_self_total_ms": device_kernel_us / 1000.0,
             "watched": {name: totals[name] for name in watch if name in totals}}
+
+
+def _gzip(path: str) -> None:
+    with open(path, "rb") as src, gzip.open(path + ".gz", "wb") as dst:
+        dst.write(src.read())
+    os.remove(path)
 
 
 def main() -> None:
@@ -104,6 +116,26 @@ def main() -> None:
     ms_per_token = [1000 * w / args.max_tokens for w in walls]
 
     from torch.profiler import ProfilerActivity, profile
+    from trace_steps import summarize_trace
+
+    # Device activity alone first: without host-side events the profiler adds little to each
+    # launch, so idle gaps on the device are the engine's, not the profiler's.
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        llm.generate(requests, params, use_tqdm=False)
+        torch.cuda.synchronize()
+    device_trace = os.path.join(args.out, "trace_device.json")
+    prof.export_chrome_trace(device_trace)
+    device_timeline = summarize_trace(device_trace, args.max_tokens)
+    _gzip(device_trace)
+    head = {"backend": args.backend, "method": args.method, "batch": args.batch,
+            "engine_start_s": round(start_s, 1), "ms_per_token_runs": ms_per_token,
+            "ms_per_token_median": statistics.median(ms_per_token),
+            "device_timeline": device_timeline}
+    if args.device_only:
+        with open(os.path.join(args.out, "summary.json"), "w") as f:
+            json.dump(head, f, indent=1)
+        print("SUMMARY " + json.dumps(head))
+        return
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t = time.perf_counter()
@@ -112,9 +144,7 @@ def main() -> None:
         profiled_wall = time.perf_counter() - t
     trace = os.path.join(args.out, "trace.json")
     prof.export_chrome_trace(trace)
-    with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:
-        dst.write(src.read())
-    os.remove(trace)
+    _gzip(trace)
     summary = _profiler_summary(prof)
 
     profiler = cProfile.Profile()
@@ -128,10 +158,7 @@ def main() -> None:
     with open(os.path.join(args.out, "cprofile.txt"), "w") as f:
         f.write(stream.getvalue())
 
-    result = {"backend": args.backend, "method": args.method, "batch": args.batch,
-              "engine_start_s": round(start_s, 1), "ms_per_token_runs": ms_per_token,
-              "ms_per_token_median": statistics.median(ms_per_token),
-              "profiled_wall_ms": profiled_wall * 1000, **summary}
+    result = {**head, "profiled_wall_ms": profiled_wall * 1000, **summary}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(result, f, indent=1)
     print("SUMMARY " + json.dumps(result))

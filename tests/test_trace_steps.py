@@ -1,0 +1,78 @@
+"""benchmarks/trace_steps.py on made-up device traces (no GPU): busy, idle and by-kernel sums."""
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import os
+import random
+
+import pytest
+
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                     "benchmarks", "trace_steps.py")
+
+
+@pytest.fixture(scope="module")
+def trace_steps():
+    spec = importlib.util.spec_from_file_location("trace_steps", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _random_events(rng: random.Random, n: int) -> list[dict]:
+    """Device events on two streams with integer times, so that a unit grid is exact; host
+    events in between, which must not count."""
+    events = []
+    for _ in range(n):
+        start = rng.randrange(0, 2000)
+        events.append({"ph": "X", "cat": rng.choice(["kernel", "kernel", "gpu_memcpy"]),
+                       "name": rng.choice(["gemm", "attn", "copy"]), "ts": start,
+                       "dur": rng.randrange(1, 40)})
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm",
+                       "ts": rng.randrange(0, 2000), "dur": rng.randrange(1, 400)})
+    return events
+
+
+def test_busy_idle_and_kernels_match_a_unit_grid(trace_steps, tmp_path):
+    rng = random.Random()
+    events = _random_events(rng, rng.randrange(20, 80))
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    steps = rng.randrange(1, 9)
+    got = trace_steps.summarize_trace(str(path), steps)
+
+    device = [e for e in events if e["cat"] != "cpu_op"]
+    covered = set()
+    for e in device:
+        covered.update(range(e["ts"], e["ts"] + e["dur"]))
+    first = min(e["ts"] for e in device)
+    last = max(e["ts"] + e["dur"] for e in device)
+    assert got["events"] == len(device)
+    assert got["busy_us_per_step"] == pytest.approx(len(covered) / steps)
+    assert got["window_us_per_step"] == pytest.approx((last - first) / steps)
+    assert got["idle_us_per_step"] == pytest.approx((last - first - len(covered)) / steps)
+    idle_in_buckets = sum(b["us_per_step"] for b in got["idle_gaps_us"].values())
+    assert idle_in_buckets == pytest.approx(got["idle_us_per_step"])
+    for name in {e["name"] for e in device}:
+        mine = [e for e in device if e["name"] == name]
+        row = got["kernels_us_per_step"][name]
+        assert row["count"] == len(mine)
+        assert row["us_per_step"] == pytest.approx(sum(e["dur"] for e in mine) / steps)
+
+
+def test_diff_lists_what_moved(trace_steps):
+    base = {"window_us_per_step": 100.0, "busy_us_per_step": 90.0, "idle_us_per_step": 10.0,
+            "kernels_us_per_step": {"gemm": {"count": 4, "us_per_step": 80.0},
+                                    "attn": {"count": 4, "us_per_step": 10.0}}}
+    other = {"window_us_per_step": 120.0, "busy_us_per_step": 105.0, "idle_us_per_step": 15.0,
+             "kernels_us_per_step": {"gemm": {"count": 4, "us_per_step": 80.5},
+                                     "flush": {"count": 1, "us_per_step": 15.0},
+                                     "attn": {"count": 4, "us_per_step": 10.0}}}
+    lines = trace_steps.diff(base, other)
+    assert lines[0].split()[-1] == "+20.0"
+    assert lines[2].split()[-1] == "+5.0"
+    moved = [line.split()[0] for line in lines[3:]]
+    assert moved == ["flush"]  # gemm moved 0.5 us, under the 2 us floor
