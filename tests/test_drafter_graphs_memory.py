@@ -84,16 +84,16 @@ def test_budget_lets_the_pool_grow_and_holds_the_sum_to_the_reservation():
     assert not budget.allows(0)
 
 
-def test_reservation_is_two_working_sets_and_eight_buffer_sets():
+def test_reservation_is_three_working_sets_and_eight_buffer_sets():
     big = graph_memory.MIN_WORKING_SET + 50
     budget = GraphMemoryBudget.for_largest_shape(working_set=big, static_bytes=3)
-    assert (budget.working_limit, budget.static_limit) == (2 * big, 24)
+    assert (budget.working_limit, budget.static_limit) == (3 * big, 24)
 
 
 def test_a_small_working_set_counts_as_the_allocators_floor():
     # A small drafter's pool still grows by whole allocator segments (graph_memory.py).
     budget = GraphMemoryBudget.for_largest_shape(working_set=24 * MiB, static_bytes=3)
-    assert budget.working_limit == 2 * graph_memory.MIN_WORKING_SET > 2 * 24 * MiB
+    assert budget.working_limit == 3 * graph_memory.MIN_WORKING_SET > 3 * 24 * MiB
 
 
 # ---- the drafter: reservation and enforcement ----
@@ -187,7 +187,7 @@ def test_reservation_measures_the_largest_shape_and_installs_the_budget(drafter)
     assert working > graph_memory.MIN_WORKING_SET
     # EAGLE-3: three auxiliary target layers of width 8, side by side (24 = HIDDEN).
     static = static_input_bytes(shape, 24, torch.bfloat16, 1024 // 16)
-    assert limit == 2 * working + 8 * static
+    assert limit == 3 * working + 8 * static
     assert drafter._graph_budget.limit == limit
 
 

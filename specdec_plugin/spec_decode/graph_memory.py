@@ -14,7 +14,8 @@ What a recording holds on the device:
   keeps what it freed there for that stream: again about one largest working set.
 
 So the reservation is ``PEAK_COPIES`` working sets of the largest decode shape (at least
-``MIN_WORKING_SET`` each) plus
+``MIN_WORKING_SET`` each; one more than the two copies above, for the allocator's rounding,
+see ``PEAK_COPIES``) plus
 ``STATIC_COPIES`` static-buffer sets of that shape (``GraphMemoryBudget.for_largest_shape``).
 The working set is measured at start-up (the drafter's own forward passes at that shape, plus
 its logits), the buffers are computed from the shapes. A recording is refused when its
@@ -32,15 +33,20 @@ from dataclasses import dataclass
 
 import torch
 
-# The graph pool and the side stream's cache: one largest working set each.
-PEAK_COPIES = 2
+# The graph pool and the side stream's cache: one largest working set each, and one more
+# because the pool grows by whole allocator segments, past the measured working set. Measured
+# on the H100 (session 26, random-7B benchmark): EAGLE's drafter measured a 50 MiB working set
+# (64 MiB counted), and its first padded graph (64 requests, k = 0) took 155 MiB with its
+# buffers against the 148 MiB two copies held back, which then refused the 59 other graphs:
+# that engine drafted eagerly. EAGLE-3 on the same model (47 MiB measured) recorded all 60.
+PEAK_COPIES = 3
 # The least working set counted. The caching allocator grows a pool by whole segments (20 MiB
 # for the blocks of 1-10 MiB that a small drafter allocates), so a small model's graph takes
 # several segments whatever its measured working set. Measured on the H100 (session 25): the
 # 2-layer draft model of the random-7B benchmark measured 24 MiB, its first padded graph (64
 # requests, k = 0) grew the pool by 87 MiB against a 69 MiB reservation, which then refused
-# every other graph. 64 MiB per copy holds back 128 MiB: nothing beside a KV cache of tens of
-# GiB, and EAGLE-3 on the same model (47 MiB measured) recorded all 60 graphs in 155 MiB.
+# every other graph. 64 MiB per copy holds back 192 MiB (three copies): nothing beside a KV
+# cache of tens of GiB, and EAGLE-3 on the same model (47 MiB measured) recorded all 60 graphs in 155 MiB.
 MIN_WORKING_SET = 64 * 2**20
 # Static input buffers are per graph. A smaller batch's buffers cost proportionally less, so
 # this many largest-shape sets pay for many more graphs of the shapes traffic usually has.
