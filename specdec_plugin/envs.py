@@ -68,6 +68,9 @@
   differently); ``torch``: vLLM's ``F.linear`` on the unpacked weights.
 - ``SPECDEC_JIT_BUILD=1``: compile csrc/ with torch's cpp_extension on first use when the
   installed package has no ``specdec_plugin._C`` (a source checkout not built by pip).
+- ``SPECDEC_LOG_TRITON_COMPILES=1``: log every Triton compile in a worker, start-up included,
+  with its whole specialisation key (worker/compile_log.py): to find which argument made a
+  kernel compile again while serving. Default off.
 - ``SPECDEC_CACHE_DIR``: where ``specdec-models`` keeps checkpoints (default
   ``~/.cache/specdec_plugin/models``).
 """
@@ -115,6 +118,10 @@ def uniform_drafts() -> bool:
     # Unset: "0" here; the CUDA device layer sets "1" in its process_env (graphs make padding
     # pay; on the CPU it only adds verification work).
     return os.environ.get("SPECDEC_UNIFORM_DRAFTS", "0").strip().lower() in _TRUE
+
+
+def log_triton_compiles() -> bool:
+    return os.environ.get("SPECDEC_LOG_TRITON_COMPILES", "0").strip().lower() in _TRUE
 
 
 def jit_build() -> bool:

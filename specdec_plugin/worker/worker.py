@@ -17,6 +17,7 @@ from vllm.v1.worker.workspace import init_workspace_manager
 
 from specdec_plugin import envs
 from specdec_plugin.patches import apply_worker_patches
+from specdec_plugin.worker import compile_log
 from specdec_plugin.worker.device_index import dp_adjusted_local_rank, visible_device_index
 from specdec_plugin.worker.memory_accounting import (
     counted_by_startup_plan,
@@ -41,6 +42,7 @@ class SpecDecWorker(Worker):
         parallel = self.parallel_config
         layer.prepare_worker_process(parallel.world_size * parallel.data_parallel_size_local)
         apply_worker_patches(layer.kernel_providers)
+        compile_log.install()  # SPECDEC_LOG_TRITON_COMPILES=1 only
         # Our norm / rotary / activation layers, before any model or drafter is built.
         from specdec_plugin.ops.custom_ops import register_custom_ops
 
