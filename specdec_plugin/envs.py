@@ -19,6 +19,11 @@
   runs when it next needs its drafter (spec_decode/deferred_sync.py), or runs every step as
   vLLM does. Default: the device layer's (on for the CPU and CUDA GPUs, where it has run; off
   on NPUs until it has run on one).
+- ``SPECDEC_RECOMPUTE_DRAFTER_BLOCK=1``: with an EAGLE / EAGLE-3 / MTP drafter, give up the
+  last block of every prefix-cache hit and recompute it, as vLLM does, so that the drafter's KV
+  at the hit's last position is exact. Default off: the block is kept (one position's drafter
+  KV may then come from another request's next token; spec_decode/drafter_prefix_cache.py).
+  With our scheduler (adaptive drafting) only.
 - ``SPECDEC_ADAPTIVE=0``: draft K tokens every step, as vLLM does, instead of letting the
   adaptive controller choose 0..K per step from observed acceptance and measured step costs
   (default on; a user-given ``num_speculative_tokens_per_batch_size`` also turns it off).
@@ -112,6 +117,10 @@ def drafter_padding() -> bool:
 def defer_drafter_sync() -> bool:
     # Unset: "0" here; the CPU and CUDA device layers set "1" in their process_env.
     return os.environ.get("SPECDEC_DEFER_DRAFTER_SYNC", "0").strip().lower() in _TRUE
+
+
+def recompute_drafter_block() -> bool:
+    return os.environ.get("SPECDEC_RECOMPUTE_DRAFTER_BLOCK", "0").strip().lower() in _TRUE
 
 
 def uniform_drafts() -> bool:

@@ -189,3 +189,16 @@ def test_p12_suffix_counted_as_async_capable():
         "current_platform.check_and_update_config(self)")
     assert "vllm_config.__post_init__()" in _source("v1/engine/core.py")
     assert 'return self.method == "ngram_gpu"' in _source("config/speculative.py")
+
+
+def test_p13_eagle_block_drop_read_from_the_group_set():
+    # The unitary coordinator decides the drop from eagle_group_ids alone, and derives its
+    # manager's use_eagle from it; the drop itself shortens the hit by a block.
+    text = _source("v1/core/kv_cache_coordinator.py")
+    unitary = text[text.index("class UnitaryKVCacheCoordinator"):text.index("class SpecGroup")]
+    assert "drop_eagle_block=0 in self.eagle_group_ids," in unitary
+    assert "self.single_type_managers[0].use_eagle = 0 in self.eagle_group_ids" in unitary
+    assert "self.eagle_group_ids: set[int] = {" in text
+    manager = _source("v1/core/single_type_kv_cache_manager.py")
+    assert "if drop_eagle_block and hit_length > 0:" in manager
+    assert "self.kv_cache_manager = KVCacheManager(" in _source("v1/core/sched/scheduler.py")

@@ -30,6 +30,7 @@ from specdec_plugin.adaptive.step_timing import StepTimer
 from specdec_plugin.adaptive.uniform_drafts import UniformDraftsMixin, add_invalid_spec_tokens
 from specdec_plugin.log import init_logger
 from specdec_plugin.spec_decode.deferred_sync import tail_block_ids, uncache_window
+from specdec_plugin.spec_decode.drafter_prefix_cache import keep_drafter_prefix_blocks
 from specdec_plugin.spec_decode.ngram_device import TRIMMED_DRAFTS
 
 logger = init_logger(__name__)
@@ -73,6 +74,8 @@ class AdaptiveSchedulerMixin:
         self._step_timer = StepTimer(cost.step_time) if learn_costs else None
         # Deferred drafter KV sync with prefix caching (spec_decode/deferred_sync.py).
         self._uncache_window = uncache_window(self.vllm_config)
+        # Prefix-cache hits keep their last block for EAGLE-family drafters (patch P13).
+        keep_drafter_prefix_blocks(self.kv_cache_manager, self.vllm_config)
         logger.info("specdec_plugin: adaptive drafting on (K=%d, lengths %s, %s step costs%s); "
                     "SPECDEC_ADAPTIVE=0 turns it off", self.num_spec_tokens,
                     list(self.draft_controller.allowed), cost.source,

@@ -6,7 +6,8 @@ what it changes, the vLLM 0.26 source it replaces ("Replaces", paths under vllm/
 can go. tests/test_patch_catalog.py fails when one of those vLLM symbols changes shape.
 P1-P3, P7, P9 are applied in a worker process, before the model runner is built, by
 ``apply_worker_patches`` (idempotent); P4-P5 by the CPU device layer in its worker process;
-P10 by the model runner where it applies; P12 by P6 and at our platform module's import.
+P10 by the model runner where it applies; P12 by P6 and at our platform module's import; P13 by
+our scheduler's constructor.
 
 P1 kernel warm-up (``vllm.v1.worker.gpu_worker.kernel_warmup``)
    Why: vLLM's warm-up imports CUDA fusion modules that touch ``torch.ops._C.rotary_embedding``
@@ -146,6 +147,24 @@ P12 method "suffix" among vLLM's async-capable speculative methods, only while
    the re-run is v1/engine/core.py:1173.
    When it can go: when vLLM lets a proposer declare that it supports async scheduling, or when
    the suffix proposer's lazy drafts are measured and upstreamed.
+
+P13 the last block of a prefix-cache hit with an EAGLE-family drafter
+   (spec_decode/drafter_prefix_cache.py, applied by adaptive/scheduler.py after vLLM's
+   ``Scheduler.__init__`` built its KV cache manager)
+   Why: vLLM drops the last matched block of every prefix-cache hit for EAGLE / EAGLE-3 / MTP
+   and recomputes its tokens through the target, so that the drafter's KV at the hit's last
+   position (made from the next token, which the block's hash does not cover) is exact. On the
+   H100 that recomputation was most of EAGLE-3's cost over plain decoding at batch 64 with
+   prompts in the cache (session 26); a stale drafter KV entry at one position only makes
+   drafts worse, never the output.
+   What: the unitary coordinator's set of groups that get the drop is emptied (and its full
+   attention manager's ``use_eagle`` cleared, as vLLM derives it from that set), only with one
+   KV cache group of full attention; ``SPECDEC_RECOMPUTE_DRAFTER_BLOCK=1`` keeps vLLM's drop.
+   Replaces: v1/core/kv_cache_coordinator.py:99-104 (``eagle_group_ids``) and :484, read by
+   :497 ``drop_eagle_block=0 in self.eagle_group_ids`` (the drop itself is
+   v1/core/single_type_kv_cache_manager.py:742-743).
+   When it can go: when vLLM recomputes one token instead of a block, or lets the platform
+   choose the drop.
 """
 from __future__ import annotations
 
