@@ -13,12 +13,12 @@ from specdec_plugin.attention.impl import SpecDecAttentionImpl
 from specdec_plugin.ops.registry import get_kernel
 from specdec_plugin.worker.kernel_warmup import compile_attention_variants
 
-HQ, HKV, HEAD, BLOCK, BLOCKS = 8, 2, 32, 16, 6
+HQ, HKV, HEAD, BLOCK, BLOCKS = 8, 2, 32, 16, 8  # 128 positions: the largest ungrouped tile
 
 
-def _runner(kv_cache: torch.Tensor, layers: int = 2):
+def _runner(kv_cache: torch.Tensor, layers: int = 2, heads: tuple[int, int] = (HQ, HKV)):
     def layer():
-        impl = SpecDecAttentionImpl(HQ, HEAD, HEAD ** -0.5, HKV)
+        impl = SpecDecAttentionImpl(heads[0], HEAD, HEAD ** -0.5, heads[1])
         impl._attention = get_kernel("paged_attention", ("triton",))
         return SimpleNamespace(impl=impl, kv_cache=kv_cache, dtype=torch.float32)
 
@@ -29,7 +29,12 @@ def _runner(kv_cache: torch.Tensor, layers: int = 2):
                                                         dtype=torch.float32))
 
 
-def test_every_tile_class_is_launched_split_and_unsplit(monkeypatch):
+# (query heads, KV heads): grouped like SmolLM2's 9/3 and the 8/2 default, and ungrouped like
+# the GPU tests' draft model (3/3), whose largest tile is a 128-token query: planned as an
+# ordinary launch over so few KV heads it splits, which once left its unsplit variant to compile
+# at the first prefill on the H100 (session 26).
+@pytest.mark.parametrize("heads", [(HQ, HKV), (9, 3), (3, 3)])
+def test_every_tile_class_is_launched_split_and_unsplit(monkeypatch, heads):
     from specdec_plugin.ops.paged_attention import triton as kernels
     from tests.ops.providers import small_shape_device
 
@@ -40,16 +45,17 @@ def test_every_tile_class_is_launched_split_and_unsplit(monkeypatch):
     launch_plan = kernels._launch_plan
     monkeypatch.setattr(kernels, "_launch_plan",
                         lambda *args: plans.append(launch_plan(*args)) or plans[-1])
-    kv_cache = torch.rand(2, BLOCKS, BLOCK, HKV, HEAD, device=device) + 0.5
+    kv_cache = torch.rand(2, BLOCKS, BLOCK, heads[1], HEAD, device=device) + 0.5
     before = kv_cache.clone()
 
-    launches = compile_attention_variants(_runner(kv_cache))
+    launches = compile_attention_variants(_runner(kv_cache, heads=heads))
 
-    largest = 128 // 4  # rows per tile over a group of 4 query heads
-    assert kernels.variant_query_lengths(HQ, HKV) == (1, 2, largest)
+    group_pad = 1 << (heads[0] // heads[1] - 1).bit_length()
+    largest = 128 // group_pad  # rows per tile over a (padded) group of query heads
+    assert kernels.variant_query_lengths(*heads) == (1, 2, largest)
     assert launches == 6  # one layer shape (the second layer is the same): 3 tiles x 2
     assert {(p.block_q, p.num_splits > 1) for p in plans} == {
-        (b, split) for b in (1, 8, largest) for split in (False, True)}
+        (b, split) for b in (1, min(8, largest), largest) for split in (False, True)}
     assert torch.equal(kv_cache, before)  # reads the cache, writes nothing to it
 
 
