@@ -25,7 +25,8 @@ def _compile_kwargs(pointer_class: str) -> dict:
     described = (f"_attention_tile_kernel[num_warps=8](q_ptr: ('*bf16', '{pointer_class}'), "
                  f"stride_qt: ('i32', 'D'))")
     return {"key": ("sig", [("*bf16", pointer_class)]), "repr": described, "fn": None,
-            "compile": {"key": "k", "constants": {(20,): 128}}}
+            "compile": {"key": "k", "constants": {(20,): 128},
+                        "configs": [{(0,): [["tt.divisibility", 16]]}]}}
 
 
 def test_off_unless_asked(fresh_hook, monkeypatch):
@@ -53,3 +54,4 @@ def test_logs_the_whole_description_and_chains(fresh_hook, monkeypatch, caplog):
     line = next(r.getMessage() for r in caplog.records if "Triton compile" in r.getMessage())
     assert f"q_ptr: ('*bf16', '{pointer_class}')" in line
     assert "constants={(20,): 128}" in line
+    assert "attrs={(0,): [['tt.divisibility', 16]]}" in line

@@ -34,7 +34,11 @@ def describe_compile(kwargs) -> str:
     if not described:
         fn = kwargs.get("fn")
         described = f"{getattr(fn, 'name', '?')} key={compile_info.get('key', kwargs.get('key'))!r}"
-    return f"{described} constants={constants!r}"
+    # The specialisation attributes per argument index (('tt.divisibility', 16) and the like):
+    # the GPU image's Triton leaves the types in the description empty (session 26's log).
+    configs = compile_info.get("configs")
+    attrs = f" attrs={configs[0]!r}" if configs else ""
+    return f"{described} constants={constants!r}{attrs}"
 
 
 def install() -> bool:
