@@ -114,3 +114,36 @@ def test_left_alone_with_a_hybrid_cache_layout(monkeypatch):
     before = set(manager.coordinator.eagle_group_ids)
     assert not keep_drafter_prefix_blocks(manager, _config("eagle3"))
     assert manager.coordinator.eagle_group_ids == before
+
+
+# ---- in a real engine (SmolLM2 + the shipped EAGLE-3 drafter, fp32, CPU) ----
+
+@pytest.mark.slow
+def test_engine_reuses_a_whole_cached_prompt_with_eagle3(engines, smollm2_path, monkeypatch):
+    """The second request for the same prompt finds every whole block of it in the prefix
+    cache, except that the last token is always recomputed (so a prompt ending on a block
+    boundary gives up that block): what plain decoding reuses, not one block fewer as vLLM's
+    EAGLE path gives. The output is the target's either way."""
+    from vllm import SamplingParams
+
+    from tests.engine_pool import counter_delta, counters
+    from tests.spec_configs import spec_config
+
+    monkeypatch.delenv("SPECDEC_RECOMPUTE_DRAFTER_BLOCK", raising=False)
+    llm = engines.get(smollm2_path, metrics=True, adaptive=True, enable_prefix_caching=True,
+                      disable_log_stats=False, speculative_config=spec_config("eagle3", ""))
+    block = llm.llm_engine.vllm_config.cache_config.block_size
+    rng = random.Random()
+    ids = [rng.randrange(100, 40000) for _ in range(rng.randrange(6 * block, 12 * block))]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+    def generate():
+        out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
+        return list(out[0].outputs[0].token_ids)
+
+    first = generate()
+    before = counters(llm, prefixes=("vllm:prefix_cache_hits",))
+    second = generate()
+    after = counters(llm, prefixes=("vllm:prefix_cache_hits",))
+    assert counter_delta(before, after, "vllm:prefix_cache_hits") == (len(ids) - 1) // block * block
+    assert second == first
