@@ -2,23 +2,17 @@
 one vLLM's own parser accepts as meant, and the side-by-side JSON is assembled right."""
 from __future__ import annotations
 
-import importlib.util
 import os
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-_ROOT = Path(__file__).resolve().parent.parent
+from tests.benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_serve_side_by_side", _ROOT / "benchmarks" / "bench_serve_side_by_side.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_serve_side_by_side")
 
 
 def test_bench_command_parses_with_vllms_own_parser(bench, tmp_path):

@@ -1,22 +1,15 @@
 """benchmarks/replay_controller.py on a made-up trace (no engine): the replay's bookkeeping."""
 from __future__ import annotations
 
-import importlib.util
-import os
 import random
 
 import pytest
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                     "benchmarks", "replay_controller.py")
-
+from tests.benchmark_scripts import load_benchmark
 
 @pytest.fixture(scope="module")
 def replay_module():
-    spec = importlib.util.spec_from_file_location("replay_controller", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("replay_controller")
 
 
 def _trace(rng, repetitive: bool, max_tokens: int):

@@ -2,23 +2,17 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-import os
 import random
 
 import pytest
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                     "benchmarks", "trace_steps.py")
+from tests.benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def trace_steps():
-    spec = importlib.util.spec_from_file_location("trace_steps", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("trace_steps")
 
 
 def _random_events(rng: random.Random, n: int) -> list[dict]:
