@@ -229,6 +229,8 @@ def _row(method: str, cell: str, results: dict[str, dict]) -> dict:
         name = backend.replace("-", "_")
         entry = result.get("batches", {}).get(cell, {})
         row[f"{name}_ms_per_token"] = entry.get("ms_per_token")
+        # The decode phase alone (tests/engine_runner.py): no prefill, no call overhead.
+        row[f"{name}_decode_ms_per_token"] = entry.get("decode_ms_per_token")
         row[f"{name}_tokens_per_s"] = entry.get("tokens_per_s")
         row[f"{name}_acceptance_length"] = entry.get("acceptance_length")
         row[f"{name}_acceptance_per_position"] = entry.get("acceptance_per_position")
@@ -242,13 +244,16 @@ def _row(method: str, cell: str, results: dict[str, dict]) -> dict:
 def _add_ratios_to_plain(rows: list[dict]) -> None:
     """ms/token of each speculative row over our own no-speculation row at the same batch
     (issue 11's bar: speculation that never costs)."""
-    plain = {(r.get("workload"), r["batch"]): r.get("ours_ms_per_token")
-             for r in rows if r["method"] == "none"}
-    for r in rows:
-        for name in _COLUMNS:
-            value, base = r.get(f"{name}_ms_per_token"), plain.get((r.get("workload"), r["batch"]))
-            if value and base:
-                r[f"{name}_vs_our_plain"] = value / base
+    for metric, suffix in (("ms_per_token", "vs_our_plain"),
+                           ("decode_ms_per_token", "decode_vs_our_plain")):
+        plain = {(r.get("workload"), r["batch"]): r.get(f"ours_{metric}")
+                 for r in rows if r["method"] == "none"}
+        for r in rows:
+            for name in _COLUMNS:
+                value = r.get(f"{name}_{metric}")
+                base = plain.get((r.get("workload"), r["batch"]))
+                if value and base:
+                    r[f"{name}_{suffix}"] = value / base
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -257,14 +262,15 @@ def _print_table(rows: list[dict]) -> None:
 
     print(f"{'method':<12}{'batch':>13}{'native ms/tok':>15}{'ours ms/tok':>13}{'ratio':>8}"
           f"{'static ms/tok':>15}{'vs plain':>10}{'defer ms/tok':>14}{'vs plain':>10}"
-          f"{'native AL':>11}{'ours AL':>9}")
+          f"{'native AL':>11}{'ours AL':>9}{'decode vs plain':>17}")
     for r in rows:
         cell = f"{r['workload']}:{r['batch']}" if "workload" in r else str(r["batch"])
         print(f"{r['method']:<12}{cell:>13}{fmt(r.get('native_ms_per_token')):>15}"
               f"{fmt(r.get('ours_ms_per_token')):>13}{fmt(r.get('ratio_ms_per_token'), '.3f'):>8}"
               f"{fmt(r.get('ours_static_ms_per_token')):>15}{fmt(r.get('ours_vs_our_plain'), '.3f'):>10}"
               f"{fmt(r.get('ours_defer_ms_per_token')):>14}{fmt(r.get('ours_defer_vs_our_plain'), '.3f'):>10}"
-              f"{fmt(r.get('native_acceptance_length')):>11}{fmt(r.get('ours_acceptance_length')):>9}")
+              f"{fmt(r.get('native_acceptance_length')):>11}{fmt(r.get('ours_acceptance_length')):>9}"
+              f"{fmt(r.get('ours_decode_vs_our_plain'), '.3f'):>17}")
 
 
 def _chart(rows: list[dict], path: Path, title: str) -> None:

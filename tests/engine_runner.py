@@ -22,8 +22,15 @@ A job is a dict:
 
 Output: ``RESULT {...}`` with, per batch size, the median wall time, ms/token (wall time over
 the tokens one request receives: the latency a user sees per token), tokens/s (all requests),
-and the speculative counters over the timed runs (drafts, draft tokens, accepted tokens, per
-position), from which the parent derives acceptance length.
+the decode phase's ms per generated token (below), and the speculative counters over the timed runs
+(drafts, draft tokens, accepted tokens, per position), from which the parent derives
+acceptance length.
+
+Decode phase: from the moment the last request of the batch has its first token to the moment
+the last one has its last, over the tokens generated in between (vLLM's per-request engine
+timestamps, ``RequestOutput.metrics``). It leaves out the prefill and each call's start and
+end, which ms/token includes: prompts the warm-up put in the prefix cache make the prefill
+differ between methods (vLLM's EAGLE path recomputes a block more per hit, session 26).
 """
 from __future__ import annotations
 
@@ -71,6 +78,18 @@ def requests_for(job: dict, batch: int) -> list:
     return [prompts[i % len(prompts)] for i in range(batch)]
 
 
+def decode_ms_per_token(outputs) -> float | None:
+    """The batch's decode phase in ms per generated token (module docstring); None where vLLM
+    kept no timestamps (log stats off) or a request generated one token or none."""
+    stats = [o.metrics for o in outputs]
+    if not stats or any(m is None or m.num_generation_tokens < 2 for m in stats):
+        return None
+    start = max(m.first_token_ts for m in stats)
+    end = max(m.last_token_ts for m in stats)
+    steps = max(m.num_generation_tokens for m in stats) - 1
+    return 1000.0 * (end - start) / steps
+
+
 def run_job(job: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
@@ -98,13 +117,14 @@ def run_job(job: dict) -> dict:
         for _ in range(job.get("warmups", 2)):
             llm.generate(requests, params, use_tqdm=False)
         before = _spec_counters(llm)
-        walls, windows, tokens = [], [], None
+        walls, windows, decode, tokens = [], [], [], None
         for _ in range(job.get("repeats", 3)):
             start_clock = time.strftime("%H:%M:%S")  # to place the engine's log lines (JIT)
             t0 = time.perf_counter()
             outputs = llm.generate(requests, params, use_tqdm=False)
             walls.append(time.perf_counter() - t0)
             windows.append([start_clock, time.strftime("%H:%M:%S")])
+            decode.append(decode_ms_per_token(outputs))
             if tokens is None:
                 tokens = [list(o.outputs[0].token_ids) for o in outputs]
         counters = _delta(_spec_counters(llm), before)
@@ -116,6 +136,9 @@ def run_job(job: dict) -> dict:
             "tokens_per_s": generated / wall,
             "spec": counters,
         }
+        if all(d is not None for d in decode):
+            entry["decode_ms_per_token"] = statistics.median(decode)
+            entry["decode_ms_per_token_runs"] = decode
         if counters["drafts"]:
             entry["acceptance_length"] = 1.0 + counters["accepted"] / counters["drafts"]
             entry["acceptance_per_position"] = [a / counters["drafts"] for a in counters["per_position"]]

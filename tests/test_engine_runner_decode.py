@@ -1,0 +1,37 @@
+"""tests/engine_runner.py's decode-phase figure on made-up request timestamps: from the last
+request's first token to the last token of any, over the tokens in between; None without
+timestamps."""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from tests.engine_runner import decode_ms_per_token
+
+
+def _output(first: float, last: float, tokens: int):
+    metrics = SimpleNamespace(first_token_ts=first, last_token_ts=last,
+                              num_generation_tokens=tokens)
+    return SimpleNamespace(metrics=metrics)
+
+
+def test_decode_phase_leaves_out_the_prefill():
+    rng = random.Random()
+    tokens = rng.randrange(8, 200)
+    step = rng.uniform(0.002, 0.02)
+    # Requests prefilled over two steps: the batch decodes together from the later one.
+    firsts = [rng.choice([10.0, 10.0 + step]) + rng.uniform(0, 1e-4) for _ in range(6)]
+    outputs = [_output(f, f + step * (tokens - 1), tokens) for f in firsts]
+    start, end = max(firsts), max(f + step * (tokens - 1) for f in firsts)
+    assert decode_ms_per_token(outputs) == pytest.approx(1000 * (end - start) / (tokens - 1))
+    # A slow prefill (a later first token for everyone) does not change it.
+    shifted = [_output(f + 5.0, f + 5.0 + step * (tokens - 1), tokens) for f in firsts]
+    assert decode_ms_per_token(shifted) == pytest.approx(decode_ms_per_token(outputs))
+
+
+def test_no_figure_without_timestamps():
+    assert decode_ms_per_token([SimpleNamespace(metrics=None)]) is None
+    assert decode_ms_per_token([_output(1.0, 1.0, 1)]) is None
+    assert decode_ms_per_token([]) is None
