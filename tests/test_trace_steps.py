@@ -17,10 +17,10 @@ def trace_steps():
 
 def _random_events(rng: random.Random, n: int) -> list[dict]:
     """Device events on two streams with integer times, so that a unit grid is exact; host
-    events in between, which must not count."""
+    events in between, which must not count. Spread over 8,000 us: some gaps reach 100 us."""
     events = []
     for _ in range(n):
-        start = rng.randrange(0, 2000)
+        start = rng.randrange(0, 8000)
         events.append({"ph": "X", "cat": rng.choice(["kernel", "kernel", "gpu_memcpy"]),
                        "name": rng.choice(["gemm", "attn", "copy"]), "ts": start,
                        "dur": rng.randrange(1, 40)})
@@ -50,6 +50,15 @@ def test_busy_idle_and_kernels_match_a_unit_grid(trace_steps, tmp_path):
     assert got["idle_us_per_step"] == pytest.approx((last - first - len(covered)) / steps)
     idle_in_buckets = sum(b["us_per_step"] for b in got["idle_gaps_us"].values())
     assert idle_in_buckets == pytest.approx(got["idle_us_per_step"])
+    # Gaps of 100 us or more, by the events around them: three names make at most nine
+    # pairs, all listed; together they hold every such gap.
+    long_gaps, end = 0.0, None
+    for start, stop in sorted((e["ts"], e["ts"] + e["dur"]) for e in device):
+        if end is not None and start - end >= 100:
+            long_gaps += start - end
+        end = stop if end is None else max(end, stop)
+    boundaries = got["idle_by_boundary_us_per_step"]
+    assert sum(b["us_per_step"] for b in boundaries) == pytest.approx(long_gaps / steps)
     for name in {e["name"] for e in device}:
         mine = [e for e in device if e["name"] == name]
         row = got["kernels_us_per_step"][name]
