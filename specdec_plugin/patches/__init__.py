@@ -154,9 +154,9 @@ P13 the last block of a prefix-cache hit with an EAGLE-family drafter
    Why: vLLM drops the last matched block of every prefix-cache hit for EAGLE / EAGLE-3 / MTP
    and recomputes its tokens through the target, so that the drafter's KV at the hit's last
    position (made from the next token, which the block's hash does not cover) is exact. On the
-   H100 that recomputation was most of EAGLE-3's cost over plain decoding at batch 64 with
-   prompts in the cache (session 26); a stale drafter KV entry at one position only makes
-   drafts worse, never the output.
+   H100 that recomputation was the largest single item of EAGLE-3's cost over plain decoding
+   at batch 64 with prompts in the cache (session 26); a stale drafter KV entry at one
+   position only makes drafts worse, never the output.
    What: the unitary coordinator's set of groups that get the drop is emptied (and its full
    attention manager's ``use_eagle`` cleared, as vLLM derives it from that set), only with one
    KV cache group of full attention; ``SPECDEC_RECOMPUTE_DRAFTER_BLOCK=1`` keeps vLLM's drop.

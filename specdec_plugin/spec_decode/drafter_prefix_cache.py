@@ -13,7 +13,9 @@ What it costs: one block of target forward per request that hits the cache (mult
 shared system prompts, repeated prompts). On the H100 (session 26; random 7.24B Llama, batch 64,
 prompts the warm-up had cached, every draft rejected), EAGLE-3's prefill computed 2,048 tokens
 where plain decoding's computed 1,024: about 155 us per decode step of a 128-token answer, the
-largest part of EAGLE-3's 3.6% over plain decoding there (benchmarks/trace_steps.py diff).
+largest single item the profile found in EAGLE-3's 3.6% over plain decoding there
+(benchmarks/trace_steps.py diff). In an A/B run, keeping the block made the fastest of five
+runs 1.6% faster at batch 64 (BENCHMARKS.md, session 26).
 
 What we do: keep the block. At most one position of drafter KV per hit then holds KV made from
 another request's next token: drafts that attend to it may be worse, and the output is the
