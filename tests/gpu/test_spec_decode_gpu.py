@@ -221,8 +221,9 @@ def test_drafter_graphs_accept_like_eager_drafting(results, method):
 # an ordinary one, and a 128-token query over so few KV heads splits, so only the split variant
 # was compiled at start (worker/kernel_warmup.py now plans it host-bound, unsplit;
 # tests/test_kernel_warmup.py covers ungrouped heads). Not yet run on a GPU after the fix.
-# Suffix still compiles some (BENCHMARKS.md): not covered here yet.
-@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3", "mtp", "ngram"])
+# Suffix compiled some kernels while serving until session 25; its engines compiled none in
+# session 26's run (both dtypes), so it is covered too.
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix"])
 def test_no_kernel_compiles_after_start(results, method):
     for dtype in ("bfloat16", "float32"):
         late = results[f"ours/{dtype}/{method}"]["jit_events"]
