@@ -221,8 +221,8 @@ def test_drafter_graphs_accept_like_eager_drafting(results, method):
 # an ordinary one, and a 128-token query over so few KV heads splits, so only the split variant
 # was compiled at start (worker/kernel_warmup.py now plans it host-bound, unsplit;
 # tests/test_kernel_warmup.py covers ungrouped heads). Not yet run on a GPU after the fix.
-# Suffix compiled some kernels while serving until session 25; its engines compiled none in
-# session 26's run (both dtypes), so it is covered too.
+# Suffix engines compiled split attention variants while serving in session 25 (split buffers
+# off 16-byte alignment, c6ec4cb); none in session 26's run (both dtypes): covered too.
 @pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix"])
 def test_no_kernel_compiles_after_start(results, method):
     for dtype in ("bfloat16", "float32"):
