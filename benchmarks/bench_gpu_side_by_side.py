@@ -243,7 +243,7 @@ def _row(method: str, cell: str, results: dict[str, dict]) -> dict:
 
 def _add_ratios_to_plain(rows: list[dict]) -> None:
     """ms/token of each speculative row over our own no-speculation row at the same batch
-    (issue 11's bar: speculation that never costs)."""
+    (issue 11's bar: speculation that never costs), and the same for the decode phase alone."""
     for metric, suffix in (("ms_per_token", "vs_our_plain"),
                            ("decode_ms_per_token", "decode_vs_our_plain")):
         plain = {(r.get("workload"), r["batch"]): r.get(f"ours_{metric}")

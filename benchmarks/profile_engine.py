@@ -73,6 +73,12 @@ def _profiler_summary(prof) -> dict:
             "watched": {name: totals[name] for name in watch if name in totals}}
 
 
+def _write_summary(out: str, result: dict) -> None:
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print("SUMMARY " + json.dumps(result))
+
+
 def _gzip(path: str) -> None:
     with open(path, "rb") as src, gzip.open(path + ".gz", "wb") as dst:
         dst.write(src.read())
@@ -132,9 +138,7 @@ def main() -> None:
             "ms_per_token_median": statistics.median(ms_per_token),
             "device_timeline": device_timeline}
     if args.device_only:
-        with open(os.path.join(args.out, "summary.json"), "w") as f:
-            json.dump(head, f, indent=1)
-        print("SUMMARY " + json.dumps(head))
+        _write_summary(args.out, head)
         return
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -158,10 +162,7 @@ def main() -> None:
     with open(os.path.join(args.out, "cprofile.txt"), "w") as f:
         f.write(stream.getvalue())
 
-    result = {**head, "profiled_wall_ms": profiled_wall * 1000, **summary}
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    print("SUMMARY " + json.dumps(result))
+    _write_summary(args.out, {**head, "profiled_wall_ms": profiled_wall * 1000, **summary})
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=40))
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=35))
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25))

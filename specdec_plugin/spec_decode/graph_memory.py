@@ -46,7 +46,8 @@ PEAK_COPIES = 3
 # 2-layer draft model of the random-7B benchmark measured 24 MiB, its first padded graph (64
 # requests, k = 0) grew the pool by 87 MiB against a 69 MiB reservation, which then refused
 # every other graph. 64 MiB per copy holds back 192 MiB (three copies): nothing beside a KV
-# cache of tens of GiB, and EAGLE-3 on the same model (47 MiB measured) recorded all 60 graphs in 155 MiB.
+# cache of tens of GiB. EAGLE-3 on the same model (47 MiB measured) recorded all 60 graphs in
+# 155 MiB (session 25).
 MIN_WORKING_SET = 64 * 2**20
 # Static input buffers are per graph. A smaller batch's buffers cost proportionally less, so
 # this many largest-shape sets pay for many more graphs of the shapes traffic usually has.

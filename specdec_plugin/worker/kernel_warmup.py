@@ -68,9 +68,10 @@ def compile_attention_variants(runner) -> int:
             query_start_loc = torch.tensor([0, q], dtype=torch.int32, device=device)
             seq_lens = torch.tensor([q], dtype=torch.int32, device=device)
             # Unsplit: planned as a host-bound launch, whose split threshold (1,024 keys) no
-            # warm-up query reaches. Planned normally, a 128-token query over one KV head (a
-            # draft model without grouped heads) splits in two, and the unsplit variant of its
-            # largest tile was left to compile at the first prefill (H100, session 26).
+            # warm-up query reaches. Planned normally, the largest tile of ungrouped heads (one
+            # query head per KV head: a 128-token query, 3 programs for the draft model's 3/3
+            # heads) splits in two, and its unsplit variant was left to compile at the first
+            # prefill (H100, session 26).
             # Split: planned for a context long enough to split any single tile.
             for host_bound, plan_seq_len in ((True, 0), (False, _SPLIT_PLAN_SEQ_LEN)):
                 impl._attention(query, key_cache, value_cache, block_table, query_start_loc,
