@@ -76,6 +76,9 @@
 - ``SPECDEC_LOG_TRITON_COMPILES=1``: log every Triton compile in a worker, start-up included,
   with its whole specialisation key (worker/compile_log.py): to find which argument made a
   kernel compile again while serving. Default off.
+- ``SPECDEC_STEP_LOG=PATH``: write a JSON line per engine-step event (scheduler, runner,
+  drafter; host clock) to PATH, ``{pid}`` replaced by the process id (step_log.py): to
+  find which steps of a slow run stalled and what they did. Default off.
 - ``SPECDEC_CACHE_DIR``: where ``specdec-models`` keeps checkpoints (default
   ``~/.cache/specdec_plugin/models``).
 """
@@ -131,6 +134,10 @@ def uniform_drafts() -> bool:
 
 def log_triton_compiles() -> bool:
     return os.environ.get("SPECDEC_LOG_TRITON_COMPILES", "0").strip().lower() in _TRUE
+
+
+def step_log_path() -> str | None:
+    return os.environ.get("SPECDEC_STEP_LOG", "").strip() or None
 
 
 def jit_build() -> bool:

@@ -8,6 +8,8 @@ CPU kernels compute each row independently of the rows beside it)."""
 from __future__ import annotations
 
 import gc
+import json
+import os
 
 import pytest
 
@@ -56,11 +58,13 @@ _PROPOSERS = {"eagle3": "SpecDecEagleProposer", "draft_model": "SpecDecDraftMode
 
 
 def _run(smollm2_path, defer: bool, prefix_caching: bool, graphs: bool = False,
-         method: str = "eagle3"):
+         method: str = "eagle3", step_log_path: str = ""):
     """``graphs``: drafter graphs emulated on the host (tests/drafter_graphs_host_replay.py),
-    as on a GPU: padded graphs, and flushes of at most 1+K tokens replaying them."""
+    as on a GPU: padded graphs, and flushes of at most 1+K tokens replaying them.
+    ``step_log_path``: the engine writes SPECDEC_STEP_LOG there."""
     from vllm import LLM, SamplingParams
 
+    from specdec_plugin import step_log
     from specdec_plugin.spec_decode.drafter_graphs import DrafterGraphs
 
     device_for_graphs = DrafterGraphs._device_for_graphs
@@ -74,7 +78,8 @@ def _run(smollm2_path, defer: bool, prefix_caching: bool, graphs: bool = False,
     # engines see the same batches (an engine process may start stepping after the first).
     try:
         with environ(SPECDEC_DEFER_DRAFTER_SYNC="1" if defer else "0",
-                      VLLM_ENABLE_V1_MULTIPROCESSING="0"):
+                      VLLM_ENABLE_V1_MULTIPROCESSING="0", SPECDEC_STEP_LOG=step_log_path):
+            step_log.reset_for_tests()  # the engine is in this process: read the variable again
             llm = LLM(model=smollm2_path, dtype="float32", max_model_len=1024, seed=0,
                       max_num_seqs=3, enable_prefix_caching=prefix_caching,
                       speculative_config=spec_config(method, smollm2_path),
@@ -91,15 +96,18 @@ def _run(smollm2_path, defer: bool, prefix_caching: bool, graphs: bool = False,
                 gc.collect()
     finally:
         DrafterGraphs._device_for_graphs = device_for_graphs
+        step_log.reset_for_tests()
     return [list(o.outputs[0].token_ids) for o in outs], recorded, counts, graph_info
 
 
 @pytest.fixture(scope="module")
-def runs(smollm2_path):
+def runs(smollm2_path, tmp_path_factory):
     # Prefix caching on under a scheduler of our tests' own: the flush before a KV block
     # fills is exercised too.
     out = {defer: _run(smollm2_path, defer, prefix_caching=True) for defer in (True, False)}
-    out["graphs"] = _run(smollm2_path, True, prefix_caching=True, graphs=True)
+    log = str(tmp_path_factory.mktemp("step_log") / "steps-{pid}.jsonl")
+    out["graphs"] = _run(smollm2_path, True, prefix_caching=True, graphs=True, step_log_path=log)
+    out["step_log"] = log.replace("{pid}", str(os.getpid()))
     return out
 
 
@@ -172,6 +180,27 @@ def _assert_padded_flushes_draft_as_eager(run_graphs, run_off) -> None:
 
 def test_flushes_replayed_from_padded_graphs_draft_as_vllm_does(runs):
     _assert_padded_flushes_draft_as_eager(runs["graphs"], runs[False])
+
+
+def test_step_log_tells_how_each_drafter_pass_ran(runs):
+    """SPECDEC_STEP_LOG (specdec_plugin/step_log.py) in the run with emulated graphs: a line
+    per runner call and per drafter pass, and the counts agree with the drafter's own."""
+    with open(runs["step_log"]) as f:
+        events = [json.loads(line) for line in f]
+    _, recorded, (deferred_steps, flushes, _), _ = runs["graphs"]
+    kinds = [e["kind"] for e in events]
+    drafts = [e for e in events if e["kind"] == "draft"]
+    assert len(drafts) == len(recorded)  # every propose call, each logged once
+    paths = [e["path"] for e in drafts]
+    assert paths.count("deferred") == deferred_steps
+    assert kinds.count("flush") == flushes
+    # Decode-shaped passes replay padded graphs; prefills draft eagerly.
+    assert paths.count("replay_padded") > 10 and "eager" in paths, sorted(set(paths))
+    assert [e["k"] for e in drafts] == [k for k, _, _ in recorded]
+    assert kinds.count("exec") >= len(drafts) and kinds.count("sample") >= len(drafts)
+    assert all(e["ms"] >= 0 for e in events if "ms" in e)
+    times = [e["t"] for e in events]
+    assert times == sorted(times)
 
 
 def test_draft_model_padded_graphs_draft_as_vllm_does(draft_model_runs):

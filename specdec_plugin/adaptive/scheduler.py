@@ -21,7 +21,7 @@ import time
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from specdec_plugin import envs
+from specdec_plugin import envs, step_log
 from specdec_plugin.adaptive.config import learns_step_costs
 from specdec_plugin.adaptive.controller import DraftLengthController
 from specdec_plugin.adaptive.cost_model import CostTable, fallback_table
@@ -89,6 +89,12 @@ class AdaptiveSchedulerMixin:
         scheduler_output = super().schedule(*args, **kwargs)
         if self._step_timer is not None:
             self._step_timer.scheduled(scheduler_output, started)
+        if step_log.enabled():
+            step_log.record("sched", build_ms=round((time.perf_counter() - started) * 1e3, 3),
+                            n=len(scheduler_output.num_scheduled_tokens),
+                            tokens=scheduler_output.total_num_scheduled_tokens,
+                            new=len(scheduler_output.scheduled_new_reqs),
+                            k=scheduler_output.num_spec_tokens_to_schedule)
         return scheduler_output
 
     def update_from_output(self, scheduler_output, model_runner_output):
@@ -96,6 +102,8 @@ class AdaptiveSchedulerMixin:
         step_time = None
         if self._step_timer is not None:
             step_time = self._step_timer.output(scheduler_output, time.perf_counter())
+        if step_log.enabled():
+            step_log.record("result", tokens=scheduler_output.total_num_scheduled_tokens)
         # Device n-gram (method ngram_gpu): draft slots the runner trimmed because the match
         # drafted fewer count as vLLM's invalid spec tokens, as if never drafted, which is what
         # the host index reports (spec_decode/ngram_device.py, NgramTrimReportMixin).

@@ -55,6 +55,7 @@ import numpy as np
 import torch
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
+from specdec_plugin import step_log
 from specdec_plugin.log import init_logger
 
 logger = init_logger(__name__)
@@ -235,6 +236,7 @@ class DeferredDrafterSync:
         )
         self._count[buf_rows] = 0
         self.flushes += 1
+        step_log.record("flush", reqs=len(batch_rows), tokens=int(qsl_np[-1]))
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(

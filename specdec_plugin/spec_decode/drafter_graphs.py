@@ -52,7 +52,7 @@ import torch
 from vllm.config import CUDAGraphMode
 from specdec_plugin.log import init_logger
 
-from specdec_plugin import envs
+from specdec_plugin import envs, step_log
 from specdec_plugin.adaptive.config import adaptive_enabled
 from specdec_plugin.spec_decode.draft_vocab import greedy_draft_tokens, local_argmax_applies
 from specdec_plugin.spec_decode.deferred_sync import (
@@ -169,6 +169,7 @@ class DrafterGraphs:
         self._sync_runner = kwargs.get("runner")
         self._deferred_sync = make_deferred_sync(self, self._sync_runner)
         self._recent_k = (0, 0)  # the draft lengths of the last two calls, newest last
+        self._last_path = "eager"  # how the last pass ran, for SPECDEC_STEP_LOG
 
     def _device_for_graphs(self, device):
         config = self.vllm_config
@@ -277,16 +278,27 @@ class DrafterGraphs:
             common_attn_metadata=common_attn_metadata, sampling_metadata=sampling_metadata,
             mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
             slot_mappings=slot_mappings)
+        start = time.perf_counter()
         if self._defer_step(kwargs):
             self.num_speculative_tokens = 0
             self._last_draft_probs = None
+            self._log_step("deferred", kwargs, start)
             return torch.empty(common_attn_metadata.batch_size(), 0, dtype=torch.int64,
                                device=target_token_ids.device)
-        return self._propose_now(kwargs)
+        drafts = self._propose_now(kwargs)
+        self._log_step(self._last_path, kwargs, start)
+        return drafts
+
+    def _log_step(self, path: str, kwargs: dict, start: float) -> None:
+        if step_log.enabled():  # SPECDEC_STEP_LOG: how this step's drafter ran
+            step_log.record("draft", path=path, k=kwargs["num_speculative_tokens"],
+                            tokens=kwargs["common_attn_metadata"].num_actual_tokens,
+                            ms=round((time.perf_counter() - start) * 1e3, 3))
 
     def _propose_now(self, kwargs: dict) -> torch.Tensor:
         """vLLM's ``propose``, replayed from a graph where one fits (deferred flushes too)."""
         call = _ProposeCall(kwargs)
+        self._last_path = "replay_padded"
         if self._recordable(call):
             drafts = self._replay_padded(call)
             if drafts is not None:
@@ -296,7 +308,9 @@ class DrafterGraphs:
         if key is not None:
             entry = self._draft_graphs[key] if key in self._draft_graphs else self._record(key, call)
         if entry is None:
+            self._last_path = "eager"
             return super().propose(**call.kwargs)
+        self._last_path = "replay"
         _copy_into(entry.static, [t for t in call.tensors() if t is not None])
         entry.graph.replay()
         # What propose leaves on the host for the runner.

@@ -15,6 +15,7 @@ from vllm.platforms import current_platform
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from specdec_plugin.adaptive.graphs import AdaptiveGraphsMixin
+from specdec_plugin import step_log
 from specdec_plugin.log import init_logger
 
 from specdec_plugin.spec_decode.ngram_device import NgramTrimReportMixin
@@ -85,6 +86,26 @@ class SpecDecModelRunner(AdaptiveGraphsMixin, SuffixAsyncMixin, NgramTrimReportM
                     logger.info("specdec_plugin: speculative kernels launched at start-up: %s "
                                 "(%.1f s)", ", ".join(ops), time.perf_counter() - start)
         return graph_bytes
+
+    # SPECDEC_STEP_LOG (step_log.py): each call's host time.
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        if not step_log.enabled():
+            return super().execute_model(scheduler_output, *args, **kwargs)
+        start = time.perf_counter()
+        try:
+            return super().execute_model(scheduler_output, *args, **kwargs)
+        finally:
+            step_log.record("exec", ms=round((time.perf_counter() - start) * 1e3, 3),
+                            tokens=scheduler_output.total_num_scheduled_tokens)
+
+    def sample_tokens(self, *args, **kwargs):
+        if not step_log.enabled():
+            return super().sample_tokens(*args, **kwargs)
+        start = time.perf_counter()
+        try:
+            return super().sample_tokens(*args, **kwargs)
+        finally:
+            step_log.record("sample", ms=round((time.perf_counter() - start) * 1e3, 3))
 
     # Deferred drafter KV sync (spec_decode/deferred_sync.py): the drafter keeps skipped
     # passes per request, and must hear when those requests' KV blocks are freed.
