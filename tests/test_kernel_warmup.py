@@ -144,6 +144,33 @@ def test_spec_decode_kernels_launch_the_variants_served_steps_compiled(monkeypat
     assert stride == width == 128 and args[7:9] == (16, 2048)
 
 
+def test_async_spec_decode_warms_the_computed_token_correction(monkeypatch):
+    """Patch P14's kernel, with the live call's buffers (vLLM's runner: int32 counts, int64
+    previous positions) and both element types of the previous batch's valid counts."""
+    from specdec_plugin.ops.async_drift import triton as async_drift
+    from specdec_plugin.worker.kernel_warmup import compile_spec_decode_kernels
+    from tests.ops.providers import small_shape_device
+
+    device = small_shape_device()
+    calls = []
+    monkeypatch.setattr(async_drift, "_correct_computed_tokens_kernel",
+                        _Spy(async_drift._correct_computed_tokens_kernel, calls))
+    runner = _spec_runner(device, 3)
+    buffer = lambda dtype: SimpleNamespace(gpu=torch.zeros(8, dtype=dtype, device=device))  # noqa: E731
+    runner.use_async_spec_decode = True
+    runner.num_computed_tokens = torch.zeros(8, dtype=torch.int32, device=device)
+    runner.num_accepted_tokens = buffer(torch.int32)
+    runner.prev_positions = buffer(torch.int64)
+    runner.prev_num_draft_tokens = buffer(torch.int32)
+
+    ops = compile_spec_decode_kernels(runner)
+
+    assert "correct_computed_tokens" in ops
+    assert [_dtypes(args)[:6] for args, _ in calls] == [
+        [torch.int32, torch.int32, torch.int64, valid, torch.int32, torch.int32]
+        for valid in (torch.int32, torch.int64)]
+
+
 def test_a_single_draft_token_needs_no_step_update(monkeypatch):
     from specdec_plugin.worker.kernel_warmup import compile_spec_decode_kernels
     from tests.ops.providers import small_shape_device

@@ -202,3 +202,30 @@ def test_p13_eagle_block_drop_read_from_the_group_set():
     manager = _source("v1/core/single_type_kv_cache_manager.py")
     assert "if drop_eagle_block and hit_length > 0:" in manager
     assert "self.kv_cache_manager = KVCacheManager(" in _source("v1/core/sched/scheduler.py")
+
+
+def test_p14_computed_token_correction_imported_by_name_and_compiled(monkeypatch):
+    import vllm.v1.worker.gpu_model_runner as gpu_model_runner
+
+    from specdec_plugin.patches import async_drift
+    from specdec_plugin.patches.async_drift import TARGET
+
+    # Applied: the runner's module calls our kernel of the device's first provider.
+    monkeypatch.setattr(gpu_model_runner, TARGET[1], getattr(gpu_model_runner, TARGET[1]))
+    async_drift.apply(("torch",))
+    from specdec_plugin.ops.async_drift.reference import correct_computed_tokens
+
+    assert getattr(gpu_model_runner, TARGET[1]) is correct_computed_tokens
+
+    module, name = TARGET
+    runner = _source(_module_file(module))
+    assert f"from vllm.v1.spec_decode.utils import {name}" in runner
+    assert f"            {name}(" in runner  # the call site in _prepare_inputs
+    utils = _source("v1/spec_decode/utils.py")
+    decorated = utils[:utils.index(f"def {name}(")].rstrip().splitlines()[-1]
+    assert decorated.startswith("@torch.compile(dynamic=True")
+    assert _params("v1/spec_decode/utils.py", name) == [
+        "num_computed_tokens", "num_accepted_tokens", "prev_positions",
+        "valid_sampled_token_count", "prev_num_draft_tokens", "cpu_num_computed_tokens"]
+    assert list(inspect.signature(correct_computed_tokens).parameters) == _params(
+        "v1/spec_decode/utils.py", name)

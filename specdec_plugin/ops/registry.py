@@ -55,6 +55,12 @@ KERNELS: dict[str, dict[str, str]] = {
         "torch": f"{_OPS}.rejection.reference:expand_batch_to_tokens",
         "triton": f"{_OPS}.rejection.triton:expand_batch_to_tokens",
     },
+    # async speculative decoding: each request's computed tokens corrected on the device
+    # (patch P14, in place of vLLM's torch.compile'd function)
+    "correct_computed_tokens": {
+        "torch": f"{_OPS}.async_drift.reference:correct_computed_tokens",
+        "triton": f"{_OPS}.async_drift.triton:correct_computed_tokens",
+    },
     # speculative decoding: KV slot mapping and EAGLE/MTP input preparation
     "compute_slot_mapping": {
         "torch": f"{_OPS}.spec_prep.reference:compute_slot_mapping",

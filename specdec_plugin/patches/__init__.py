@@ -4,7 +4,7 @@ Everything else goes through vLLM's hooks (Platform, worker_cls, the attention r
 subclasses, the runner's attributes after its constructor). Each patch below says why it exists,
 what it changes, the vLLM 0.26 source it replaces ("Replaces", paths under vllm/), and when it
 can go. tests/test_patch_catalog.py fails when one of those vLLM symbols changes shape.
-P1-P3, P7, P9 are applied in a worker process, before the model runner is built, by
+P1-P3, P7, P9, P14 are applied in a worker process, before the model runner is built, by
 ``apply_worker_patches`` (idempotent); P4-P5 by the CPU device layer in its worker process;
 P10 by the model runner where it applies; P12 by P6 and at our platform module's import; P13 by
 our scheduler's constructor.
@@ -165,6 +165,21 @@ P13 the last block of a prefix-cache hit with an EAGLE-family drafter
    v1/core/single_type_kv_cache_manager.py:742-743).
    When it can go: when vLLM recomputes one token instead of a block, or lets the platform
    choose the drop.
+
+P14 the computed-token correction of async speculative decoding
+   (``vllm.v1.worker.gpu_model_runner.update_num_computed_tokens_for_batch_change``,
+   patches/async_drift.py)
+   Why: vLLM wraps it in ``torch.compile(dynamic=True)``, and Dynamo specialises sizes 0 and 1:
+   the first step after a one-request batch, or with one request after a larger batch,
+   compiles it again while serving. On the H100 that stalled one ``execute_model`` call for
+   0.3-1.0 s and made EAGLE-3's timed runs up to 1.8x slower at random (session 27); which
+   steps meet those sizes depends on request arrival, so no warm-up covers them.
+   What: the module's name rebound to our kernel (ops/async_drift: one Triton launch compiled
+   at start-up, its torch reference elsewhere), with vLLM's exact semantics and arguments.
+   Replaces: v1/spec_decode/utils.py:565 (the decorated function), imported by name at
+   v1/worker/gpu_model_runner.py:209 and called at :2143.
+   When it can go: when vLLM marks those sizes unbacked (no 0/1 specialisation) or writes the
+   correction as a kernel.
 """
 from __future__ import annotations
 
@@ -174,11 +189,12 @@ _applied: set[str] = set()
 
 
 def apply_worker_patches(kernel_providers: tuple[str, ...]) -> None:
-    """P1-P3, P7, P9: in a worker process, before the model runner is built. P2's adapters run
-    the first of ``kernel_providers`` (the device layer's) that has each kernel."""
+    """P1-P3, P7, P9, P14: in a worker process, before the model runner is built. P2's and
+    P14's kernels are the first of ``kernel_providers`` (the device layer's) that has each."""
     if "worker" in _applied:
         return
     from specdec_plugin.patches import (
+        async_drift,
         bind_kv_cache,
         proposers,
         repetition_penalty,
@@ -191,6 +207,7 @@ def apply_worker_patches(kernel_providers: tuple[str, ...]) -> None:
     vllm_kernels.apply(kernel_providers)
     repetition_penalty.apply()
     proposers.apply()
+    async_drift.apply(kernel_providers)
     _applied.add("worker")
 
 

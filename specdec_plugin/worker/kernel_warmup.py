@@ -121,6 +121,20 @@ def compile_spec_decode_kernels(runner) -> list[str]:
                          synthetic_conditional_rates=rates, providers=providers)
     launched.append("rejection_greedy_sample")
 
+    # Async speculative decoding corrects the computed-token counts every step (patch P14).
+    # Two launches: the previous batch's valid counts come as int32 or int64 depending on the
+    # proposer's path, and a pointer's element type is part of the compiled variant.
+    if getattr(runner, "use_async_spec_decode", False):
+        correct = get_kernel("correct_computed_tokens", providers)
+        for valid_dtype in (torch.int32, torch.int64):
+            correct(torch.zeros_like(runner.num_computed_tokens[:2]),
+                    torch.zeros_like(runner.num_accepted_tokens.gpu[:1]),
+                    torch.zeros_like(runner.prev_positions.gpu[:1]),
+                    torch.ones(1, dtype=valid_dtype, device=device),
+                    torch.ones_like(runner.prev_num_draft_tokens.gpu[:2]),
+                    torch.ones(1, dtype=torch.int32, device=device))
+        launched.append("correct_computed_tokens")
+
     # The padded drafter batch's input preparation (EAGLE family and draft model), for plain
     # steps (1 sampled column) and every verification width up to 1+K.
     if hasattr(getattr(runner, "drafter", None), "prepare_next_token_ids_padded"):
