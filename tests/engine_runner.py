@@ -159,6 +159,10 @@ def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None =
         env["VLLM_PLUGINS"] = ""
     else:
         env.pop("VLLM_PLUGINS", None)
+    # Dynamo logs each recompilation (not first compiles): a torch.compile'd function that
+    # compiles again while serving stalls a step (vLLM's async computed-token correction did,
+    # 0.3-1.0 s on the H100, session 27: patch P14).
+    env.setdefault("TORCH_LOGS", "recompiles")
     env.update(job.get("env", {}))
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), json.dumps(job)], env=env,
                           capture_output=True, text=True, timeout=timeout_s)
@@ -174,6 +178,7 @@ def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None =
     jit = [{"clock": clock, "kernel": kernel} for clock, kernel in re.findall(
         r"(\d\d:\d\d:\d\d) \[jit_monitor\.py:\d+\] .*? during inference: ([^\s.(]+)",
         output)]
+    recompiles = sorted(set(re.findall(r"Recompiling function (\S+)", output)))
     # Our drafter graphs (specdec_plugin/spec_decode/drafter_graphs.py): recorded, and failed.
     drafter_graphs = {
         # Padded graphs recorded at start-up are summed up in one line; exact-shape ones
@@ -192,7 +197,8 @@ def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None =
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):]) | {
-                "captured": captured, "jit_events": jit, "drafter_graphs": drafter_graphs,
+                "captured": captured, "jit_events": jit, "dynamo_recompiles": recompiles,
+                "drafter_graphs": drafter_graphs,
                 "controller_log": controller}
     return {"error": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-3000:]}
 

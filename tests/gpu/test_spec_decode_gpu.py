@@ -220,7 +220,7 @@ def test_drafter_graphs_accept_like_eager_drafting(results, method):
 # unsplit, over 3 query heads and 3 KV heads (no grouping). The warm-up planned that launch as
 # an ordinary one, and a 128-token query over so few KV heads splits, so only the split variant
 # was compiled at start (worker/kernel_warmup.py now plans it host-bound, unsplit;
-# tests/test_kernel_warmup.py covers ungrouped heads). Not yet run on a GPU after the fix.
+# tests/test_kernel_warmup.py covers ungrouped heads); session 27's run passed with it.
 # Suffix engines compiled split attention variants while serving in session 25 (split buffers
 # off 16-byte alignment, c6ec4cb); none in session 26's run (both dtypes): covered too.
 @pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix"])
@@ -228,6 +228,10 @@ def test_no_kernel_compiles_after_start(results, method):
     for dtype in ("bfloat16", "float32"):
         late = results[f"ours/{dtype}/{method}"]["jit_events"]
         assert not late, f"{method} {dtype} compiled while serving: {late}"
+        # torch.compile'd functions too: vLLM's async computed-token correction recompiled
+        # for one-request batches (0.3-1.0 s stalls, session 27; patch P14).
+        again = results[f"ours/{dtype}/{method}"].get("dynamo_recompiles")
+        assert again == [], f"{method} {dtype} recompiled while serving: {again}"
 
 
 def test_draft_model_with_async_scheduling(results):
