@@ -1,0 +1,102 @@
+"""Summarise a ``SPECDEC_STEP_LOG`` file (specdec_plugin/step_log.py): what stalled, and where.
+
+For one engine's log: the count of each event kind and of each drafter path, the runs (bursts
+of work between idle gaps or empty steps, e.g. the benchmark's generate calls), each run's
+length and its longest ``exec`` call, and the longest ``exec`` / ``sample`` / ``draft`` calls overall
+with the scheduler's view of their step (requests, tokens, new requests, draft length).
+
+    python benchmarks/step_log_report.py STEPS.jsonl [--top 8] [--gap-s 0.15]
+
+Session 27 found vLLM's async computed-token correction recompiling this way: ``exec`` calls of
+0.3-1.0 s right after a one-request step, where the others took under 45 ms (patch P14).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+
+HOST_CALLS = ("exec", "sample", "draft")
+
+
+def load(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def split_runs(events: list[dict], gap_s: float) -> list[list[dict]]:
+    """Bursts of work: a new one starts after the engine idled for more than ``gap_s`` (from
+    one event to the start of the next call: an event is logged when its call ends, so a
+    long call is not a gap) or ran an empty step (``exec`` of 0 tokens: nothing scheduled,
+    as between a benchmark's back-to-back generate calls)."""
+    runs: list[list[dict]] = [[]]
+    last = None
+    for event in events:
+        start = event["t"] - event.get("ms", 0.0) / 1e3
+        idle = event["kind"] == "exec" and event.get("tokens") == 0
+        if idle or (last is not None and start - last > gap_s):
+            if runs[-1]:
+                runs.append([])
+        if not idle:
+            runs[-1].append(event)
+        last = event["t"]
+    # Without a step (the scheduler's and results' events around empty steps): not a run.
+    return [run for run in runs if any(e["kind"] == "exec" for e in run)]
+
+
+def longest_calls(events: list[dict], top: int) -> list[dict]:
+    """The ``top`` longest host calls, each with the step the scheduler last built before it
+    (None where the log has no scheduler events: a scheduler other than ours)."""
+    step = None
+    calls = []
+    for event in events:
+        if event["kind"] == "sched":
+            step = {k: event.get(k) for k in ("n", "tokens", "new", "k")}
+        elif event["kind"] in HOST_CALLS and "ms" in event:
+            calls.append({**event, "step": step})
+    return sorted(calls, key=lambda e: e["ms"], reverse=True)[:top]
+
+
+def summarise(events: list[dict], top: int = 8, gap_s: float = 0.15) -> dict:
+    runs = split_runs(events, gap_s)
+    return {
+        "events": dict(Counter(e["kind"] for e in events)),
+        "drafter_paths": dict(Counter(e["path"] for e in events if e["kind"] == "draft")),
+        "runs": [{
+            "start_s": round(run[0]["t"] - events[0]["t"], 3),
+            "length_s": round(run[-1]["t"] - run[0]["t"] + run[0].get("ms", 0.0) / 1e3, 3),
+            "steps": sum(1 for e in run if e["kind"] == "exec"),
+            "longest_exec_ms": max((e["ms"] for e in run if e["kind"] == "exec"), default=0.0),
+        } for run in runs],
+        "longest_calls": [{
+            "at_s": round(e["t"] - events[0]["t"], 3), "kind": e["kind"], "ms": e["ms"],
+            **{k: e[k] for k in ("tokens", "path", "k") if k in e}, "step": e["step"],
+        } for e in longest_calls(events, top)],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("log")
+    parser.add_argument("--top", type=int, default=8)
+    parser.add_argument("--gap-s", type=float, default=0.15,
+                        help="an idle gap longer than this starts a new run")
+    args = parser.parse_args()
+    events = load(args.log)
+    if not events:
+        print("empty log")
+        return
+    report = summarise(events, args.top, args.gap_s)
+    print("events:", report["events"])
+    print("drafter paths:", report["drafter_paths"])
+    print("runs (start s, length s, steps, longest exec ms):")
+    for run in report["runs"]:
+        print(f"  {run['start_s']:9.3f} {run['length_s']:8.3f} {run['steps']:6d} "
+              f"{run['longest_exec_ms']:10.1f}")
+    print(f"longest host calls (of {', '.join(HOST_CALLS)}):")
+    for call in report["longest_calls"]:
+        print("  " + json.dumps(call))
+
+
+if __name__ == "__main__":
+    main()

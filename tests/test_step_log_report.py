@@ -1,0 +1,51 @@
+"""benchmarks/step_log_report.py on a random step log (specdec_plugin/step_log.py's format, on a
+fake clock): runs split at idle gaps, the longest host calls found with their step."""
+from __future__ import annotations
+
+import json
+import random
+
+from tests.benchmark_scripts import load_benchmark
+
+
+def _write_log(path, runs: int, steps: int, stall_run: int, stall_ms: float) -> None:
+    """``runs`` bursts of ``steps`` steps on a fake clock; one ``exec`` of ``stall_ms``."""
+    rng = random.Random()
+    lines = []
+    t = 100.0
+    for run in range(runs):
+        for step in range(steps):
+            n = rng.randint(2, 64)
+            lines.append({"t": t, "kind": "sched", "n": n, "tokens": n, "new": 0, "k": 0})
+            ms = stall_ms if (run, step) == (stall_run, 3) else rng.uniform(0.5, 20.0)
+            t += ms / 1e3
+            lines.append({"t": t, "kind": "exec", "ms": ms, "tokens": n})
+            lines.append({"t": t, "kind": "draft", "path": rng.choice(["deferred", "replay"]),
+                          "k": 0, "tokens": n, "ms": rng.uniform(0.1, 1.0)})
+            t += rng.uniform(0.001, 0.01)
+        if rng.random() < 0.5:
+            t += 1.0  # idle between runs
+        else:  # back to back, as a benchmark's generate calls: empty steps between them
+            lines.append({"t": t, "kind": "exec", "ms": 0.2, "tokens": 0})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_runs_and_the_stalled_call_are_found(tmp_path):
+    report_module = load_benchmark("step_log_report")
+    runs, steps = random.randint(3, 6), random.randint(10, 30)
+    stall_run = random.randrange(runs)
+    path = tmp_path / "steps.jsonl"
+    _write_log(path, runs, steps, stall_run, stall_ms=800.0)
+
+    report = report_module.summarise(report_module.load(str(path)), top=3)
+
+    assert [r["steps"] for r in report["runs"]] == [steps] * runs
+    assert [r["longest_exec_ms"] == 800.0 for r in report["runs"]] == [
+        i == stall_run for i in range(runs)]
+    top = report["longest_calls"][0]
+    assert top["kind"] == "exec" and top["ms"] == 800.0
+    assert top["step"]["n"] == top["tokens"]  # the step the scheduler built before it
+    events = report["events"]
+    assert events["sched"] == events["draft"] == runs * steps
+    assert events["exec"] >= runs * steps  # the empty steps between back-to-back runs too
+    assert sum(report["drafter_paths"].values()) == runs * steps
