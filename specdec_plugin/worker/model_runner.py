@@ -22,6 +22,7 @@ from specdec_plugin.spec_decode.ngram_device import NgramTrimReportMixin
 from specdec_plugin.spec_decode.rejection_sampler import SpecDecRejectionSampler
 from specdec_plugin.spec_decode.suffix_async_runner import SuffixAsyncMixin
 from specdec_plugin.spec_decode.runner_drafters import install_drafter
+from specdec_plugin.worker.compiled_helpers import compile_logprob_ranks
 from specdec_plugin.worker.kernel_warmup import (
     compile_attention_variants,
     compile_spec_decode_kernels,
@@ -85,6 +86,19 @@ class SpecDecModelRunner(AdaptiveGraphsMixin, SuffixAsyncMixin, NgramTrimReportM
                 if ops:
                     logger.info("specdec_plugin: speculative kernels launched at start-up: %s "
                                 "(%.1f s)", ", ".join(ops), time.perf_counter() - start)
+            # And vLLM's torch.compile'd sampling helpers (worker/compiled_helpers.py).
+            start = time.perf_counter()
+            try:
+                with torch.inference_mode():
+                    helpers = compile_logprob_ranks(self.device,
+                                                    self.model_config.get_vocab_size())
+            except Exception as error:  # noqa: BLE001
+                logger.warning("specdec_plugin: compiling vLLM's logprob ranks at start-up "
+                               "failed (%s: %s); the first logprobs request compiles them",
+                               type(error).__name__, error)
+            else:
+                logger.info("specdec_plugin: vLLM's %s compiled at start-up (%.1f s)",
+                            ", ".join(helpers), time.perf_counter() - start)
         return graph_bytes
 
     # SPECDEC_STEP_LOG (step_log.py): each call's host time.
