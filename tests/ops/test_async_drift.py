@@ -30,7 +30,7 @@ from tests.ops.providers import (  # noqa: E402
 )
 
 FOLDER = "async_drift"
-MAX_REQS = 96
+MAX_REQS = 700  # past the Triton kernel's 256-row chunk, as vLLM's max_num_seqs can be
 
 
 def batch(seed: int, n: int, prev_n: int, device: str = "cpu") -> dict:
@@ -54,8 +54,10 @@ def batch(seed: int, n: int, prev_n: int, device: str = "cpu") -> dict:
 
 def _cases(count: int) -> list[tuple[int, int, int]]:
     rng = random.Random()
-    sizes = [(1, 16), (16, 1), (1, 1), (MAX_REQS, MAX_REQS), (300 % MAX_REQS + 1, 2)]
-    sizes += [(rng.randint(1, MAX_REQS), rng.randint(1, MAX_REQS)) for _ in range(count)]
+    sizes = [(1, 16), (16, 1), (1, 1), (MAX_REQS, MAX_REQS), (600, 2), (2, 600)]
+    sizes += [(rng.randint(1, 96), rng.randint(1, 96)) for _ in range(count // 2)]
+    sizes += [(rng.randint(1, MAX_REQS), rng.randint(1, MAX_REQS))
+              for _ in range(count - count // 2)]
     return [(rng.randrange(1 << 30), n, prev_n) for n, prev_n in sizes]
 
 
@@ -103,8 +105,14 @@ def test_triton_kernel_small_shapes(seed, n, prev_n):
     run_both(triton_kernel, small_shape_device(), seed, n, prev_n)
 
 
-def test_rows_read_the_counts_from_before_the_call():
+@pytest.mark.parametrize("provider", ["torch", "triton"])
+def test_rows_read_the_counts_from_before_the_call(provider):
     # Two requests swap rows: each must read the other's old count, not its new one.
+    if provider == "triton":
+        from specdec_plugin.ops.async_drift.triton import correct_computed_tokens as fn
+        device = small_shape_device()
+    else:
+        fn, device = reference, "cpu"
     args = dict(
         num_computed_tokens=torch.tensor([100, 200, 7], dtype=torch.int32),
         num_accepted_tokens=torch.tensor([9, 9], dtype=torch.int32),
@@ -113,7 +121,7 @@ def test_rows_read_the_counts_from_before_the_call():
         prev_num_draft_tokens=torch.tensor([2, 2, 0], dtype=torch.int32),
         cpu_num_computed_tokens=torch.tensor([1, 1], dtype=torch.int32),
     )
-    computed, accepted = _run(reference, args)
+    computed, accepted = _run(fn, {name: t.to(device) for name, t in args.items()})
     assert computed.tolist() == [205, 103, 7] and accepted.tolist() == [5, 3]
 
 
