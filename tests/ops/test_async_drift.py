@@ -125,6 +125,21 @@ def test_rows_read_the_counts_from_before_the_call(provider):
     assert computed.tolist() == [205, 103, 7] and accepted.tolist() == [5, 3]
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32])
+def test_counts_of_any_integer_type(dtype):
+    # vLLM's function casts the previous batch's counts; so do both providers.
+    args = batch(random.randrange(1 << 30), 40, 30)
+    expected = _run(reference, args)
+    args["valid_sampled_token_count"] = args["valid_sampled_token_count"].to(dtype)
+    args["prev_num_draft_tokens"] = args["prev_num_draft_tokens"].to(dtype)
+    from specdec_plugin.ops.async_drift.triton import correct_computed_tokens as triton_kernel
+
+    device = small_shape_device()
+    for fn, where in ((reference, "cpu"), (triton_kernel, device)):
+        got = _run(fn, {name: t.to(where) for name, t in args.items()})
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), (fn, dtype)
+
+
 def test_bad_shapes_name_the_argument():
     args = batch(1, 4, 4)
     args["num_accepted_tokens"] = args["num_accepted_tokens"][:3]

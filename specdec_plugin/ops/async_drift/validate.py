@@ -6,6 +6,7 @@ import torch
 from specdec_plugin.ops.contract import INDEX_DTYPES, fail, same_device
 
 OP = "correct_computed_tokens"
+COUNT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def check_correct_computed_tokens(num_computed_tokens, num_accepted_tokens, prev_positions,
@@ -34,8 +35,12 @@ def check_correct_computed_tokens(num_computed_tokens, num_accepted_tokens, prev
                     ("valid_sampled_token_count", valid_sampled_token_count),
                     ("prev_num_draft_tokens", prev_num_draft_tokens),
                     ("cpu_num_computed_tokens", cpu_num_computed_tokens)):
-        if t.dtype not in INDEX_DTYPES:
-            fail(OP, f"{name} must be int32 or int64, got {t.dtype}")
+        # The counts may come in any integer type (vLLM's function casts them); the buffers
+        # the runner owns are int32 / int64.
+        counts = name in ("valid_sampled_token_count", "prev_num_draft_tokens")
+        if t.dtype not in (COUNT_DTYPES if counts else INDEX_DTYPES):
+            fail(OP, f"{name} must be {'an integer type' if counts else 'int32 or int64'}, "
+                     f"got {t.dtype}")
         if t.dim() == 1 and t.shape[0] > 1 and t.stride(0) != 1:
             fail(OP, f"{name} must be contiguous")
     same_device(OP, prev_positions, num_computed_tokens=num_computed_tokens,
