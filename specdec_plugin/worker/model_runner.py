@@ -32,6 +32,22 @@ from specdec_plugin.worker.memory_accounting import reserve_attention_workspaces
 logger = init_logger(__name__)
 
 
+def _compile_at_start(what: str, compile_fn, otherwise: str) -> None:
+    """Run one start-up compile step and log what it compiled (``compile_fn`` returns the
+    names). A warm-up only saves time: a failure is logged, never fatal."""
+    start = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            names = compile_fn()
+    except Exception as error:  # noqa: BLE001
+        logger.warning("specdec_plugin: start-up warm-up (%s) failed (%s: %s); %s", what,
+                       type(error).__name__, error, otherwise)
+        return
+    if names:
+        logger.info("specdec_plugin: %s at start-up: %s (%.1f s)", what, ", ".join(names),
+                    time.perf_counter() - start)
+
+
 # SuffixAsyncMixin before NgramTrimReportMixin: its trims ride on the output the latter tags.
 class SpecDecModelRunner(AdaptiveGraphsMixin, SuffixAsyncMixin, NgramTrimReportMixin,
                          GPUModelRunner):
@@ -73,32 +89,14 @@ class SpecDecModelRunner(AdaptiveGraphsMixin, SuffixAsyncMixin, NgramTrimReportM
             logger.info("specdec_plugin: %d attention kernel variants launched at start-up "
                         "(%.1f s)", launches, time.perf_counter() - start)
             # And the speculative step's own kernels that vLLM's warm-up leaves to the first
-            # request. A warm-up only saves time: a failure here is logged, never fatal.
-            start = time.perf_counter()
-            try:
-                with torch.inference_mode():
-                    ops = compile_spec_decode_kernels(self)
-            except Exception as error:  # noqa: BLE001
-                logger.warning("specdec_plugin: speculative kernel warm-up failed (%s: %s); "
-                               "they compile at the first request instead",
-                               type(error).__name__, error)
-            else:
-                if ops:
-                    logger.info("specdec_plugin: speculative kernels launched at start-up: %s "
-                                "(%.1f s)", ", ".join(ops), time.perf_counter() - start)
-            # And vLLM's torch.compile'd sampling helpers (worker/compiled_helpers.py).
-            start = time.perf_counter()
-            try:
-                with torch.inference_mode():
-                    helpers = compile_logprob_ranks(self.device,
-                                                    self.model_config.get_vocab_size())
-            except Exception as error:  # noqa: BLE001
-                logger.warning("specdec_plugin: compiling vLLM's logprob ranks at start-up "
-                               "failed (%s: %s); the first logprobs request compiles them",
-                               type(error).__name__, error)
-            else:
-                logger.info("specdec_plugin: vLLM's %s compiled at start-up (%.1f s)",
-                            ", ".join(helpers), time.perf_counter() - start)
+            # request, and vLLM's torch.compile'd sampling helpers (worker/compiled_helpers.py).
+            _compile_at_start("speculative kernels launched",
+                              lambda: compile_spec_decode_kernels(self),
+                              "they compile at the first request instead")
+            _compile_at_start("vLLM's torch.compile'd helpers compiled",
+                              lambda: compile_logprob_ranks(self.device,
+                                                            self.model_config.get_vocab_size()),
+                              "the first logprobs request compiles them")
         return graph_bytes
 
     # SPECDEC_STEP_LOG (step_log.py): each call's host time.
