@@ -14,6 +14,9 @@ class EnginePool:
         self._engines: dict[str, object] = {}
         self._created = 0
         self._newest: str | None = None
+        # Engines asked for with metrics=True: once another engine is built they can only be
+        # rebuilt for their counters, so they are the first to go when the pool is full.
+        self._metrics_keys: set[str] = set()
 
     def get(self, model: str, metrics: bool = False, adaptive: bool = False, **kwargs):
         """The engine for this configuration. ``metrics=True``: the caller reads its counters
@@ -31,7 +34,8 @@ class EnginePool:
             self._shutdown(key)
         if key not in self._engines:
             while len(self._engines) >= self.MAX_ALIVE:
-                self._shutdown(next(iter(self._engines)))
+                # Least recently used first, metrics engines before the others.
+                self._shutdown(min(self._engines, key=lambda k: k not in self._metrics_keys))
             # Engines share this process's metrics registry; a distinct served name labels
             # each engine's counters (see `counters`).
             self._created += 1
@@ -46,6 +50,8 @@ class EnginePool:
                 else:
                     os.environ["SPECDEC_ADAPTIVE"] = saved
             self._newest = key
+            if metrics:
+                self._metrics_keys.add(key)
         else:  # most recently used last
             self._engines[key] = self._engines.pop(key)
         return self._engines[key]
