@@ -17,6 +17,8 @@ class EnginePool:
         # Engines asked for with metrics=True: once another engine is built they can only be
         # rebuilt for their counters, so they are the first to go when the pool is full.
         self._metrics_keys: set[str] = set()
+        # Plain greedy outputs by (model, prompts, max_tokens): see `plain_greedy`.
+        self._plain_outputs: dict[str, list[list[int]]] = {}
 
     def get(self, model: str, metrics: bool = False, adaptive: bool = False, **kwargs):
         """The engine for this configuration. ``metrics=True``: the caller reads its counters
@@ -58,6 +60,7 @@ class EnginePool:
 
     def _shutdown(self, key: str) -> None:
         llm = self._engines.pop(key)
+        self._metrics_keys.discard(key)
         if key == self._newest:
             self._newest = None
         engine = getattr(llm, "llm_engine", None)
@@ -65,6 +68,20 @@ class EnginePool:
             engine.engine_core.shutdown()
         del llm
         gc.collect()
+
+    def plain_greedy(self, model: str, prompts, max_tokens: int) -> list[list[int]]:
+        """Greedy token ids of ``model`` without speculation (prefix caching off, EOS
+        ignored), computed once per session: the engines built in between may push the plain
+        one out of the pool, and a rebuild costs 10-20 s on 2 cores."""
+        from vllm import SamplingParams
+
+        key = json.dumps([model, list(prompts), max_tokens])
+        if key not in self._plain_outputs:
+            llm = self.get(model, enable_prefix_caching=False)
+            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+            self._plain_outputs[key] = [list(o.outputs[0].token_ids)
+                                        for o in llm.generate(list(prompts), params)]
+        return self._plain_outputs[key]
 
     def close(self) -> None:
         for key in list(self._engines):

@@ -21,17 +21,6 @@ def _greedy(llm, prompts=PROMPTS, max_tokens=MAX_TOKENS):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-_BASELINES: dict[str, list[list[int]]] = {}
-
-
-def _baseline(engines, target: str) -> list[list[int]]:
-    """Greedy output of ``target`` without speculation, once per target: each adaptive engine
-    built in between may push the plain one out of the pool (a rebuild costs 10-20 s)."""
-    if target not in _BASELINES:
-        _BASELINES[target] = _greedy(engines.get(target, enable_prefix_caching=False))
-    return _BASELINES[target]
-
-
 def _run(engines, target, spec, one_at_a_time=False):
     llm = engines.get(target, metrics=True, adaptive=True, enable_prefix_caching=False,
                       disable_log_stats=False, speculative_config=spec)
@@ -48,7 +37,7 @@ def _run(engines, target, spec, one_at_a_time=False):
 @pytest.mark.parametrize("method", ["ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp"])
 def test_adaptive_greedy_output_equals_no_speculation(engines, smollm2_path, method):
     target = target_for(method, smollm2_path)
-    baseline = _baseline(engines, target)
+    baseline = engines.plain_greedy(target, PROMPTS, MAX_TOKENS)
     got, delta = _run(engines, target, spec_config(method, smollm2_path))
     # fp32 on CPU: the same tokens exactly (this subset of prompts has no near-tie; the full
     # set is checked with the tie rule in test_spec_decode_greedy.py).
@@ -64,7 +53,7 @@ def _synthetic(length: float) -> dict:
 def test_controller_stops_drafting_when_no_draft_lands(engines, smollm2_path):
     # Acceptance length 1.0: every draft token is rejected.
     got, delta = _run(engines, smollm2_path, _synthetic(1.0))
-    assert got == _baseline(engines, smollm2_path)
+    assert got == engines.plain_greedy(smollm2_path, PROMPTS, MAX_TOKENS)
     request_steps = len(PROMPTS) * MAX_TOKENS  # one token per request-step when nothing lands
     drafts = delta["vllm:spec_decode_num_drafts"]
     assert delta["vllm:spec_decode_num_accepted_tokens"] == 0

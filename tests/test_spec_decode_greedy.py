@@ -72,16 +72,6 @@ def _greedy(llm, prompts, max_tokens=MAX_TOKENS):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-_BASELINES: dict[str, list[list[int]]] = {}
-
-
-def _baseline(engines, target: str) -> list[list[int]]:
-    """Greedy output of ``target`` without speculation (once per target)."""
-    if target not in _BASELINES:
-        _BASELINES[target] = _greedy(engines.get(target, enable_prefix_caching=False), SPEC_PROMPTS)
-    return _BASELINES[target]
-
-
 def _top2_gap(model_path, prefix_ids):
     """Gap between the target's two largest next-token logits after ``prefix_ids`` (fp32)."""
     import torch
@@ -100,7 +90,7 @@ def test_greedy_output_unchanged_by_speculation(engines, smollm2_path, method):
     from tests.hf_reference import tokenize
 
     target = target_for(method, smollm2_path)
-    baseline = _baseline(engines, target)
+    baseline = engines.plain_greedy(target, SPEC_PROMPTS, MAX_TOKENS)
     llm = engines.get(target, metrics=True, enable_prefix_caching=False, disable_log_stats=False,
                       speculative_config=spec_config(method, smollm2_path))
     before = counters(llm)
