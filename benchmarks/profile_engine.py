@@ -13,6 +13,9 @@ see the scheduler, the model runner, the drafter and every kernel launch. Prints
   busy and idle time per step, idle gaps by length, device time per kernel. Two engines'
   summaries diff with ``python benchmarks/trace_steps.py --diff A/summary.json B/summary.json``.
   ``--device-only`` runs only that pass.
+- what the host was doing while the device sat idle (``gap_host_activity.py``, from the pass
+  that profiles both sides, with the engine core's scheduler calls and its wait for each
+  step's output added as ranges).
 
     python benchmarks/profile_engine.py --backend ours --method eagle --batch 1 --out DIR
 
@@ -79,6 +82,39 @@ def _write_summary(out: str, result: dict) -> None:
     print("SUMMARY " + json.dumps(result))
 
 
+def _annotate_engine_core(llm) -> None:
+    """Profiler ranges around the engine core's own calls (the scheduler's, and the wait for a
+    step's output), which vLLM leaves unannotated: without them that host time shows as
+    "(no range)" in ``gap_host_activity.py``. The engine core runs in this process."""
+    from torch.profiler import record_function
+
+    core = llm.llm_engine.engine_core.engine_core
+    scheduler = core.scheduler
+
+    def ranged(name, fn):
+        def call(*args, **kwargs):
+            with record_function(name):
+                return fn(*args, **kwargs)
+        return call
+
+    scheduler.schedule = ranged("engine core: schedule", scheduler.schedule)
+    scheduler.update_from_output = ranged("engine core: update_from_output",
+                                          scheduler.update_from_output)
+    executor = core.model_executor
+    executor.execute_model = ranged("engine core: execute_model", executor.execute_model)
+    sample_tokens = ranged("engine core: sample_tokens", executor.sample_tokens)
+
+    def sample_tokens_waited(*args, **kwargs):
+        # The engine core waits on this future for the step's output (an event sync on
+        # another thread): name that wait, or it reads as Python in the gaps.
+        future = sample_tokens(*args, **kwargs)
+        if hasattr(future, "result"):
+            future.result = ranged("engine core: wait for output", future.result)
+        return future
+
+    executor.sample_tokens = sample_tokens_waited
+
+
 def _gzip(path: str) -> None:
     with open(path, "rb") as src, gzip.open(path + ".gz", "wb") as dst:
         dst.write(src.read())
@@ -141,6 +177,7 @@ def main() -> None:
         _write_summary(args.out, head)
         return
 
+    _annotate_engine_core(llm)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t = time.perf_counter()
         llm.generate(requests, params, use_tqdm=False)
@@ -148,6 +185,10 @@ def main() -> None:
         profiled_wall = time.perf_counter() - t
     trace = os.path.join(args.out, "trace.json")
     prof.export_chrome_trace(trace)
+    from gap_host_activity import attribute
+    from trace_steps import _load
+
+    host_in_gaps = attribute(_load(trace), args.max_tokens, min_us=100.0)
     _gzip(trace)
     summary = _profiler_summary(prof)
 
@@ -162,7 +203,9 @@ def main() -> None:
     with open(os.path.join(args.out, "cprofile.txt"), "w") as f:
         f.write(stream.getvalue())
 
-    _write_summary(args.out, {**head, "profiled_wall_ms": profiled_wall * 1000, **summary})
+    _write_summary(args.out, {**head, "profiled_wall_ms": profiled_wall * 1000, **summary,
+                              "host_in_device_gaps": host_in_gaps})
+    print(json.dumps(host_in_gaps, indent=1))
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=40))
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=35))
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25))
