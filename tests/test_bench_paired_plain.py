@@ -1,0 +1,76 @@
+"""benchmarks/bench_paired_plain.py: a speculative engine and a plain one timed in turn, on
+real SmolLM2 engines (CPU): the runs alternate, the paired ratios are the run-by-run ratios,
+and greedy outputs match (fp32)."""
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from tests.benchmark_scripts import load_benchmark
+from tests.prompts import SPEC_PROMPTS
+from tests.spec_configs import spec_config
+
+
+@pytest.fixture(scope="module")
+def paired():
+    return load_benchmark("bench_paired_plain")
+
+
+def test_paired_ratios_are_run_by_run(paired):
+    rng = random.Random()
+    n = rng.randrange(1, 9)
+    plain = [rng.uniform(0.5, 1.5) for _ in range(n)]
+    method = [rng.uniform(0.5, 1.5) for _ in range(n)]
+    got = paired.paired_ratios(method, plain)
+    assert got["paired_ratios"] == pytest.approx([m / p for m, p in zip(method, plain)])
+    assert got["paired_ratio"] == pytest.approx(statistics.median(got["paired_ratios"]))
+    assert got["ratio_of_medians"] == pytest.approx(statistics.median(method) / statistics.median(plain))
+
+
+def test_env_is_restored(paired, monkeypatch):
+    monkeypatch.setenv("SPECDEC_PAIRED_TEST_A", "before")
+    monkeypatch.delenv("SPECDEC_PAIRED_TEST_B", raising=False)
+    import os
+
+    with paired._env({"SPECDEC_PAIRED_TEST_A": "x", "SPECDEC_PAIRED_TEST_B": 1}):
+        assert os.environ["SPECDEC_PAIRED_TEST_A"] == "x"
+        assert os.environ["SPECDEC_PAIRED_TEST_B"] == "1"
+    assert os.environ["SPECDEC_PAIRED_TEST_A"] == "before"
+    assert "SPECDEC_PAIRED_TEST_B" not in os.environ
+
+
+@pytest.mark.slow
+def test_time_pair_on_real_engines(paired, engines, smollm2_path, monkeypatch):
+    calls = []
+    plain = engines.get(smollm2_path, enable_prefix_caching=False)
+    method = engines.get(smollm2_path, metrics=True, enable_prefix_caching=False,
+                         disable_log_stats=False,
+                         speculative_config=spec_config("ngram", smollm2_path))
+    for name, llm in (("plain", plain), ("method", method)):
+        generate = llm.generate
+
+        def recorded(*args, _name=name, _generate=generate, **kwargs):
+            calls.append(_name)
+            return _generate(*args, **kwargs)
+
+        monkeypatch.setattr(llm, "generate", recorded)
+    repeats = random.randrange(3, 6)
+    batch = random.randrange(1, 4)
+    requests = random.sample(SPEC_PROMPTS, batch)
+    cell = paired.time_pair(plain, method, requests, max_tokens=12, repeats=repeats, warmups=1)
+
+    # One warm-up each, then P M, M P, P M, ...: every method run next to a plain run.
+    expected = ["plain", "method"]
+    for r in range(repeats):
+        expected += ["plain", "method"] if r % 2 == 0 else ["method", "plain"]
+    assert calls == expected
+    assert len(cell["plain"]["walls_s"]) == len(cell["method"]["walls_s"]) == repeats
+    assert cell["paired_ratios"] == pytest.approx(
+        [m / p for m, p in zip(cell["method"]["walls_s"], cell["plain"]["walls_s"])])
+    assert cell["requests"] == batch
+    assert cell["equal_outputs"] == batch  # fp32 greedy: speculation changes nothing
+    spec = cell["method"]["spec"]
+    assert spec["draft_tokens"] > 0 and 0 <= spec["accepted"] <= spec["draft_tokens"]
+    assert "spec" not in cell["plain"]
