@@ -10,7 +10,8 @@ cell's ratio to the first config and whether its tokens equal the first config's
     # CONFIGS.json: [{"name": "none", "tree": "/work/wt-base", "method": "none"},
     #                {"name": "dm-before", "tree": "/work/wt-base", "method": "draft_model"},
     #                {"name": "dm-after", "tree": "/work/wt-new", "method": "draft_model"}]
-    # optional per config: "env" (extra environment), "engine" (extra LLM arguments)
+    # optional per config: "env" (extra environment), "engine" (extra LLM arguments),
+    #   "workloads" (default ["code", "chat"]), "min_tokens": false (no min_tokens floor)
 
 On 2 cores the same engine varies by 5-13% from one start to the next (issue 11, 2026-11-25):
 alternate the configs over several rounds and compare means."""
@@ -52,10 +53,14 @@ def child(cfg):
     t0 = time.perf_counter()
     llm = LLM(model=target, **args)
     out = {"start_s": time.perf_counter() - t0}
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS, ignore_eos=True)
+    # min_tokens as long as the answer by default (as the side-by-side benchmark); "min_tokens":
+    # false in a config leaves it out, as most requests do (it keeps a logits processor active,
+    # which takes the rejection sampler off its greedy path).
+    floor = cfg.get("min_tokens", True)
     gen = lambda b, n=MAX_TOKENS: [list(o.outputs[0].token_ids) for o in llm.generate(
         [TokensPrompt(prompt_token_ids=p) for p in b],
-        SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True), use_tqdm=False)]
+        SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n if floor else 0,
+                       ignore_eos=True), use_tqdm=False)]
     for wl in cfg.get("workloads", ["code", "chat"]):
         prompts = workloads[wl]
         for b in (1, 8):

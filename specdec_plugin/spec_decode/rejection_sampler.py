@@ -45,6 +45,8 @@ class SpecDecRejectionSampler(RejectionSampler):
         sampling_metadata: SamplingMetadata,
     ) -> SamplerOutput:
         assert metadata.max_spec_len <= MAX_SPEC_LEN
+        if argmax_decides(sampling_metadata):
+            return self._greedy_forward(metadata, logits, sampling_metadata)
         # Bonus tokens come from the ordinary sampler; it returns (processed) logits rather than
         # logprobs because the logprobs of accepted tokens are gathered from them below.
         bonus = self.sampler(
@@ -88,6 +90,78 @@ class SpecDecRejectionSampler(RejectionSampler):
                 output_token_ids,
             )
         return SamplerOutput(sampled_token_ids=output_token_ids, logprobs_tensors=logprobs_tensors)
+
+    def _greedy_forward(self, metadata: SpecDecodeMetadata, logits: torch.Tensor,
+                        sampling_metadata: SamplingMetadata) -> SamplerOutput:
+        """Every request greedy and nothing that could move an argmax (``argmax_decides``): the
+        target and bonus tokens are the raw logits' argmax. The general path gets the same
+        tokens after a float32 copy of every row, a clone of the target rows and the ordinary
+        sampler's pass over the bonus rows (with another float32 copy for logprobs nobody
+        asked for): host work each step, and device work that grows with vocabulary x rows."""
+        # One argmax over all rows, then each row's own: the rows are the step's sampled
+        # positions, targets and bonuses interleaved per request.
+        argmax = logits.argmax(dim=-1)
+        bonus = argmax[metadata.bonus_logits_indices].to(torch.int32).unsqueeze(-1)
+        output_token_ids = greedy_rejection(
+            metadata.draft_token_ids, metadata.num_draft_tokens, metadata.max_spec_len,
+            metadata.cu_num_draft_tokens, argmax[metadata.target_logits_indices], bonus,
+            sampling_metadata, self.synthetic_conditional_rates, self.providers)
+        return SamplerOutput(sampled_token_ids=output_token_ids, logprobs_tensors=None)
+
+
+# vLLM's built-in processors that can move an argmax, and the state that is empty when no
+# request in the batch uses them (vllm/v1/sample/logits_processor/builtin.py).
+_IDLE_WHEN_EMPTY = {"LogitBiasLogitsProcessor": "biases", "MinTokensLogitsProcessor": "min_toks"}
+
+
+def argmax_decides(sampling_metadata: SamplingMetadata) -> bool:
+    """Whether every token of this step is the argmax of the raw logits: all requests greedy,
+    no logprobs, and nothing that edits logits before the argmax (penalties, bad words, allowed
+    tokens, an active logits processor, a thinking budget). Unknown processors count as
+    active."""
+    m = sampling_metadata
+    if not m.all_greedy or m.max_num_logprobs is not None or getattr(m, "logprob_token_ids", None):
+        return False
+    if not m.no_penalties or m.bad_words_token_ids or m.allowed_token_ids_mask is not None:
+        return False
+    holder = getattr(m, "thinking_budget_state_holder", None)
+    if holder is not None and holder.has_tracked_requests():
+        return False
+    processors = m.logitsprocs.non_argmax_invariant if m.logitsprocs is not None else ()
+    for processor in processors:
+        state = _IDLE_WHEN_EMPTY.get(type(processor).__name__)
+        if state is None or getattr(processor, state, True):
+            return False
+    return True
+
+
+def greedy_rejection(
+    draft_token_ids: torch.Tensor,  # [num_tokens] int32
+    num_draft_tokens: list[int],
+    max_spec_len: int,
+    cu_num_draft_tokens: torch.Tensor,  # [batch] int32, inclusive
+    target_argmax: torch.Tensor,  # [num_tokens]
+    bonus_token_ids: torch.Tensor,  # [batch, 1]
+    sampling_metadata: SamplingMetadata,
+    synthetic_conditional_rates: torch.Tensor | None = None,
+    providers: Providers = ("torch",),
+    is_greedy: torch.Tensor | None = None,
+    uniform_probs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``[batch, max_spec_len + 1]``: drafts accepted while they equal the target's argmax (or,
+    with synthetic acceptance, while the synthetic draw says so), then the argmax or bonus."""
+    batch = len(num_draft_tokens)
+    output_token_ids = torch.full((batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID,
+                                  dtype=torch.int32, device=target_argmax.device)
+    if uniform_probs is None and synthetic_conditional_rates is not None:
+        uniform_probs = generate_uniform_probs(draft_token_ids.shape[0], num_draft_tokens,
+                                               sampling_metadata.generators,
+                                               target_argmax.device)
+    get_kernel("rejection_greedy_sample", tuple(providers))(
+        output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax,
+        bonus_token_ids, is_greedy, max_spec_len, uniform_probs, synthetic_conditional_rates,
+    )
+    return output_token_ids
 
 
 def expand_batch_to_tokens(
@@ -182,9 +256,6 @@ def rejection_sample(
     num_tokens = draft_token_ids.shape[0]
     device = target_logits.device
     synthetic = synthetic_conditional_rates is not None
-    output_token_ids = torch.full(
-        (batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=device
-    )
     is_greedy = None
     if not sampling_metadata.all_greedy:
         is_greedy = sampling_metadata.temperature == GREEDY_TEMPERATURE
@@ -196,13 +267,17 @@ def rejection_sample(
         )
 
     if not sampling_metadata.all_random:
-        get_kernel("rejection_greedy_sample", providers)(
-            output_token_ids, cu_num_draft_tokens, draft_token_ids,
-            target_logits.argmax(dim=-1), bonus_token_ids, is_greedy, max_spec_len,
-            uniform_probs, synthetic_conditional_rates,
-        )
+        output_token_ids = greedy_rejection(
+            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+            target_logits.argmax(dim=-1), bonus_token_ids, sampling_metadata,
+            synthetic_conditional_rates, providers, is_greedy=is_greedy,
+            uniform_probs=uniform_probs)
         if sampling_metadata.all_greedy:
             return output_token_ids
+    else:
+        output_token_ids = torch.full(
+            (batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=device
+        )
 
     target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
     recovered = sample_recovered_tokens(
