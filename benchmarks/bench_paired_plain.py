@@ -21,7 +21,6 @@ decoding's is reported (bf16 near-ties may differ on a GPU; fp32 on the CPU must
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -39,28 +38,14 @@ from tests.engine_runner import (  # noqa: E402
     decode_ms_per_token,
     requests_for,
 )
-
-
-@contextlib.contextmanager
-def _env(overrides: dict):
-    """Environment variables for one engine's construction: the engine-core process is
-    spawned with them, and the config built in this process reads them too."""
-    saved = {key: os.environ.get(key) for key in overrides}
-    os.environ.update({key: str(value) for key, value in overrides.items()})
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+from tests.environ import environ  # noqa: E402
 
 
 def start_engine(model: str, engine: dict, env: dict | None = None):
     from vllm import LLM
 
-    with _env(env or {}):
+    # The engine-core process is spawned with these, and the config built here reads them too.
+    with environ(**{key: str(value) for key, value in (env or {}).items()}):
         started = time.perf_counter()
         llm = LLM(model=model, **{"seed": 0, "disable_log_stats": False, **engine})
     return llm, round(time.perf_counter() - started, 1)

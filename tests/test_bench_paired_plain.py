@@ -29,18 +29,6 @@ def test_paired_ratios_are_run_by_run(paired):
     assert got["ratio_of_medians"] == pytest.approx(statistics.median(method) / statistics.median(plain))
 
 
-def test_env_is_restored(paired, monkeypatch):
-    monkeypatch.setenv("SPECDEC_PAIRED_TEST_A", "before")
-    monkeypatch.delenv("SPECDEC_PAIRED_TEST_B", raising=False)
-    import os
-
-    with paired._env({"SPECDEC_PAIRED_TEST_A": "x", "SPECDEC_PAIRED_TEST_B": 1}):
-        assert os.environ["SPECDEC_PAIRED_TEST_A"] == "x"
-        assert os.environ["SPECDEC_PAIRED_TEST_B"] == "1"
-    assert os.environ["SPECDEC_PAIRED_TEST_A"] == "before"
-    assert "SPECDEC_PAIRED_TEST_B" not in os.environ
-
-
 @pytest.mark.slow
 def test_time_pair_on_real_engines(paired, engines, smollm2_path, monkeypatch):
     calls = []
