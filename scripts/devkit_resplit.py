@@ -17,6 +17,9 @@ stage.sh and a PARTS count, exactly as build.sh lays them out.
 Staging is 9 short runs (5 kit parts, 4 SmolLM2 parts), about 1.5 minutes held if the build
 overlaps it. Check `lease.counts` in each reply: some machines count held time in full, and a
 job sized for a 67% machine does not fit the same budget on one of those (session 23).
+Send part1's run alone and go on only once it succeeded: in session 29 it found no machine
+(about 160 s of budget gone), and the runs queued behind it started a fresh machine without
+part1, so the kit and the C++ build were missing when the job began.
 """
 from __future__ import annotations
 
