@@ -102,10 +102,18 @@ class SpecDecRejectionSampler(RejectionSampler):
         # positions, targets and bonuses interleaved per request.
         argmax = logits.argmax(dim=-1)
         bonus = argmax[metadata.bonus_logits_indices].to(torch.int32).unsqueeze(-1)
-        output_token_ids = greedy_rejection(
-            metadata.draft_token_ids, metadata.num_draft_tokens, metadata.max_spec_len,
-            metadata.cu_num_draft_tokens, argmax[metadata.target_logits_indices], bonus,
-            sampling_metadata, self.synthetic_conditional_rates, self.providers)
+        output_token_ids = placeholder_output(len(metadata.num_draft_tokens),
+                                              metadata.max_spec_len, logits.device)
+        uniform_probs = None
+        if self.synthetic_conditional_rates is not None:
+            uniform_probs = generate_uniform_probs(
+                metadata.draft_token_ids.shape[0], metadata.num_draft_tokens,
+                sampling_metadata.generators, logits.device)
+        get_kernel("rejection_greedy_sample", self.providers)(
+            output_token_ids, metadata.cu_num_draft_tokens, metadata.draft_token_ids,
+            argmax[metadata.target_logits_indices], bonus, None, metadata.max_spec_len,
+            uniform_probs, self.synthetic_conditional_rates,
+        )
         return SamplerOutput(sampled_token_ids=output_token_ids, logprobs_tensors=None)
 
 
@@ -135,33 +143,11 @@ def argmax_decides(sampling_metadata: SamplingMetadata) -> bool:
     return True
 
 
-def greedy_rejection(
-    draft_token_ids: torch.Tensor,  # [num_tokens] int32
-    num_draft_tokens: list[int],
-    max_spec_len: int,
-    cu_num_draft_tokens: torch.Tensor,  # [batch] int32, inclusive
-    target_argmax: torch.Tensor,  # [num_tokens]
-    bonus_token_ids: torch.Tensor,  # [batch, 1]
-    sampling_metadata: SamplingMetadata,
-    synthetic_conditional_rates: torch.Tensor | None = None,
-    providers: Providers = ("torch",),
-    is_greedy: torch.Tensor | None = None,
-    uniform_probs: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``[batch, max_spec_len + 1]``: drafts accepted while they equal the target's argmax (or,
-    with synthetic acceptance, while the synthetic draw says so), then the argmax or bonus."""
-    batch = len(num_draft_tokens)
-    output_token_ids = torch.full((batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID,
-                                  dtype=torch.int32, device=target_argmax.device)
-    if uniform_probs is None and synthetic_conditional_rates is not None:
-        uniform_probs = generate_uniform_probs(draft_token_ids.shape[0], num_draft_tokens,
-                                               sampling_metadata.generators,
-                                               target_argmax.device)
-    get_kernel("rejection_greedy_sample", tuple(providers))(
-        output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax,
-        bonus_token_ids, is_greedy, max_spec_len, uniform_probs, synthetic_conditional_rates,
-    )
-    return output_token_ids
+def placeholder_output(batch: int, max_spec_len: int, device) -> torch.Tensor:
+    """``[batch, max_spec_len + 1]`` int32 of vLLM's placeholder, which the kernels overwrite
+    with each request's tokens."""
+    return torch.full((batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32,
+                      device=device)
 
 
 def expand_batch_to_tokens(
@@ -256,6 +242,7 @@ def rejection_sample(
     num_tokens = draft_token_ids.shape[0]
     device = target_logits.device
     synthetic = synthetic_conditional_rates is not None
+    output_token_ids = placeholder_output(batch, max_spec_len, device)
     is_greedy = None
     if not sampling_metadata.all_greedy:
         is_greedy = sampling_metadata.temperature == GREEDY_TEMPERATURE
@@ -267,17 +254,13 @@ def rejection_sample(
         )
 
     if not sampling_metadata.all_random:
-        output_token_ids = greedy_rejection(
-            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-            target_logits.argmax(dim=-1), bonus_token_ids, sampling_metadata,
-            synthetic_conditional_rates, providers, is_greedy=is_greedy,
-            uniform_probs=uniform_probs)
+        get_kernel("rejection_greedy_sample", providers)(
+            output_token_ids, cu_num_draft_tokens, draft_token_ids,
+            target_logits.argmax(dim=-1), bonus_token_ids, is_greedy, max_spec_len,
+            uniform_probs, synthetic_conditional_rates,
+        )
         if sampling_metadata.all_greedy:
             return output_token_ids
-    else:
-        output_token_ids = torch.full(
-            (batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=device
-        )
 
     target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
     recovered = sample_recovered_tokens(
