@@ -37,6 +37,7 @@ from tests.engine_runner import (  # noqa: E402
     _spec_counters,
     decode_ms_per_token,
     requests_for,
+    timed_entry,
 )
 from tests.environ import environ  # noqa: E402
 
@@ -57,21 +58,6 @@ def stop_engine(llm) -> None:
         core.shutdown()  # its own process: the device memory comes back now
     del llm
     gc.collect()
-
-
-def _entry(walls, decode, tokens, batch, counters=None) -> dict:
-    wall = statistics.median(walls)
-    generated = sum(len(t) for t in tokens)
-    entry = {"wall_s": wall, "walls_s": walls,
-             "ms_per_token": 1000.0 * wall / (generated / batch)}
-    if all(d is not None for d in decode):
-        entry["decode_ms_per_token"] = statistics.median(decode)
-        entry["decode_ms_per_token_runs"] = decode
-    if counters is not None:
-        entry["spec"] = counters
-        if counters["drafts"]:
-            entry["acceptance_length"] = 1.0 + counters["accepted"] / counters["drafts"]
-    return entry
 
 
 def time_pair(plain, method, requests, max_tokens: int, repeats: int, warmups: int) -> dict:
@@ -99,9 +85,9 @@ def time_pair(plain, method, requests, max_tokens: int, repeats: int, warmups: i
             decode[name].append(decode_ms_per_token(outputs))
             tokens.setdefault(name, [list(o.outputs[0].token_ids) for o in outputs])
     batch = len(requests)
-    result = {"plain": _entry(walls["plain"], decode["plain"], tokens["plain"], batch),
-              "method": _entry(walls["method"], decode["method"], tokens["method"], batch,
-                               _delta(_spec_counters(method), before))}
+    result = {"plain": timed_entry(walls["plain"], decode["plain"], tokens["plain"], batch, None),
+              "method": timed_entry(walls["method"], decode["method"], tokens["method"], batch,
+                                    _delta(_spec_counters(method), before))}
     result.update(paired_ratios(walls["method"], walls["plain"]))
     result["equal_outputs"] = sum(a == b for a, b in zip(tokens["method"], tokens["plain"]))
     result["requests"] = batch

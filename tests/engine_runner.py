@@ -90,6 +90,27 @@ def decode_ms_per_token(outputs) -> float | None:
     return 1000.0 * (end - start) / steps
 
 
+def timed_entry(walls: list[float], decode: list, tokens: list[list[int]], batch: int,
+                counters: dict | None) -> dict:
+    """One batch size's figures from its timed runs: the median wall time, ms/token (wall time
+    over the tokens one request receives), tokens/s, the decode phase where every run had one,
+    and from the speculative counters (None: not read) the acceptance."""
+    wall = statistics.median(walls)
+    generated = sum(len(t) for t in tokens)
+    entry = {"wall_s": wall, "walls_s": walls,
+             "ms_per_token": 1000.0 * wall / (generated / batch),
+             "tokens_per_s": generated / wall}
+    if counters is not None:
+        entry["spec"] = counters
+    if all(d is not None for d in decode):
+        entry["decode_ms_per_token"] = statistics.median(decode)
+        entry["decode_ms_per_token_runs"] = decode
+    if counters is not None and counters["drafts"]:
+        entry["acceptance_length"] = 1.0 + counters["accepted"] / counters["drafts"]
+        entry["acceptance_per_position"] = [a / counters["drafts"] for a in counters["per_position"]]
+    return entry
+
+
 def run_job(job: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
@@ -127,21 +148,8 @@ def run_job(job: dict) -> dict:
             decode.append(decode_ms_per_token(outputs))
             if tokens is None:
                 tokens = [list(o.outputs[0].token_ids) for o in outputs]
-        counters = _delta(_spec_counters(llm), before)
-        wall = statistics.median(walls)
-        generated = sum(len(t) for t in tokens)
-        entry = {
-            "wall_s": wall, "walls_s": walls, "run_clock_windows": windows,
-            "ms_per_token": 1000.0 * wall / (generated / batch),
-            "tokens_per_s": generated / wall,
-            "spec": counters,
-        }
-        if all(d is not None for d in decode):
-            entry["decode_ms_per_token"] = statistics.median(decode)
-            entry["decode_ms_per_token_runs"] = decode
-        if counters["drafts"]:
-            entry["acceptance_length"] = 1.0 + counters["accepted"] / counters["drafts"]
-            entry["acceptance_per_position"] = [a / counters["drafts"] for a in counters["per_position"]]
+        entry = timed_entry(walls, decode, tokens, batch, _delta(_spec_counters(llm), before))
+        entry["run_clock_windows"] = windows
         if job.get("tokens"):
             entry["token_ids"] = tokens
         result["batches"][key] = entry
