@@ -33,6 +33,7 @@ from trace_steps import DEVICE_CATEGORIES, _load  # noqa: E402
 
 HOST_OPS = ("cpu_op", "cuda_runtime", "cuda_driver")
 RANGES = ("user_annotation",)
+UNKNOWN_LAUNCH = "(launch not in trace)"
 
 
 def _device_events(events):
@@ -133,8 +134,10 @@ def attribute(events, steps: int, min_us: float, top: int = 25) -> dict:
     for gap_start, gap_end, first in gaps:
         total += gap_end - gap_start
         launch = launches.get(first[3])
-        if launch is None:
-            ended_by[("(launch not in trace)", first[2][:60], "")][0] += 1
+        if launch is None:  # its lateness is unknown (None below)
+            entry = ended_by[(UNKNOWN_LAUNCH, first[2][:60], "")]
+            entry[0] += 1
+            entry[1] += gap_end - gap_start
             continue
         key, (l_start, _, l_name) = launch
         thread = threads[key]
@@ -161,7 +164,7 @@ def attribute(events, steps: int, min_us: float, top: int = 25) -> dict:
         "gaps_ended_by": [
             {"launch": l, "first_device_event": d, "ranges": s, "count": c,
              "gap_us_per_step": round(g / steps, 1),
-             "launch_late_by_us_mean": round(late / c, 1) if c else None}
+             "launch_late_by_us_mean": None if l == UNKNOWN_LAUNCH else round(late / c, 1)}
             for (l, d, s), (c, g, late) in sorted(ended_by.items(), key=lambda kv: -kv[1][1])[:top]],
     }
 

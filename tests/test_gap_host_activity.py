@@ -84,3 +84,15 @@ def test_short_gaps_are_left_out(gaps):
     events, expected, _ = _step_events(rng, 0, 10)
     got = gaps.attribute(events, 1, min_us=expected["gap"] + 1)
     assert got["gaps"] == 0 and got["gap_us_per_step"] == 0
+
+
+def test_a_gap_whose_launch_is_not_in_the_trace_still_counts(gaps):
+    rng = random.Random()
+    events, expected, _ = _step_events(rng, 0, 10)
+    events = [e for e in events if e["name"] != "cudaGraphLaunch"]  # the profiler missed it
+    got = gaps.attribute(events, 1, min_us=1)
+    [ended] = got["gaps_ended_by"]
+    assert (ended["launch"], ended["count"]) == (gaps.UNKNOWN_LAUNCH, 1)
+    assert ended["gap_us_per_step"] == pytest.approx(expected["gap"], abs=0.1)
+    assert ended["launch_late_by_us_mean"] is None
+    assert got["gap_us_per_step"] == pytest.approx(expected["gap"], abs=0.1)
