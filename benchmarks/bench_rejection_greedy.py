@@ -14,6 +14,7 @@ call (host and device together, the device synchronised after each call); elsewh
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -92,21 +93,25 @@ def main() -> None:
             for batch in (int(b) for b in args.batches.split(",")):
                 for k in (int(x) for x in args.k.split(",")):
                     meta, logits, sm = _inputs(batch, k, vocab, device, dtype)
-                    fast = lambda: sampler(meta, None, logits, sm)  # noqa: E731
-
-                    def general():
-                        with mock.patch.object(rs, "argmax_decides", lambda _: False):
-                            return sampler(meta, None, logits, sm)
-
-                    same = torch.equal(fast().sampled_token_ids, general().sampled_token_ids)
+                    call = lambda: sampler(meta, None, logits, sm)  # noqa: E731
+                    # The general path: argmax_decides patched for the whole block, outside the
+                    # timed calls.
+                    paths = {"greedy": lambda: contextlib.nullcontext(),
+                             "general": lambda: mock.patch.object(rs, "argmax_decides",
+                                                                  lambda _: False)}
+                    tokens = {}
+                    for name, path in paths.items():
+                        with path():
+                            tokens[name] = call().sampled_token_ids
+                    same = torch.equal(tokens["greedy"], tokens["general"])
                     times = {"general": [], "greedy": []}
                     for block in range(args.blocks):
                         order = ("general", "greedy") if block % 2 == 0 else ("greedy", "general")
                         for name in order:
-                            fn = general if name == "general" else fast
-                            fn()  # warm
-                            times[name].append(statistics.median(
-                                timed(fn)[0] for _ in range(args.calls)))
+                            with paths[name]():
+                                call()  # warm
+                                times[name].append(statistics.median(
+                                    timed(call)[0] for _ in range(args.calls)))
                     g, f = statistics.median(times["general"]), statistics.median(times["greedy"])
                     rows.append({"vocab": vocab, "batch": batch, "k": k, "general_us": g,
                                  "greedy_us": f, "ratio": f / g, "same_tokens": same})
