@@ -27,6 +27,29 @@ def test_paired_ratios_are_run_by_run(paired):
     assert got["paired_ratios"] == pytest.approx([m / p for m, p in zip(method, plain)])
     assert got["paired_ratio"] == pytest.approx(statistics.median(got["paired_ratios"]))
     assert got["ratio_of_medians"] == pytest.approx(statistics.median(method) / statistics.median(plain))
+    low, high = got["paired_ratio_ci95"]
+    ratios = got["paired_ratios"]
+    assert min(ratios) <= low <= got["paired_ratio"] <= high <= max(ratios)
+
+
+def test_bootstrap_interval_narrows_with_agreeing_pairs(paired):
+    rng = random.Random()
+    centre = rng.uniform(0.9, 1.1)
+    same = [centre] * rng.randrange(2, 9)
+    assert paired.bootstrap_median_ci(same) == pytest.approx([centre, centre])
+    spread = [centre + rng.uniform(-0.1, 0.1) for _ in range(8)]
+    low, high = paired.bootstrap_median_ci(spread)
+    tight = [centre + (x - centre) / 10 for x in spread]  # the same pairs, a tenth as far out
+    t_low, t_high = paired.bootstrap_median_ci(tight)
+    assert t_high - t_low == pytest.approx((high - low) / 10)
+
+
+def test_bar_verdict(paired):
+    rng = random.Random()
+    bar = rng.uniform(1.0, 1.1)
+    assert paired.bar_verdict([bar - 0.05, bar], bar) == "met"
+    assert paired.bar_verdict([bar - 0.05, bar + 0.001], bar) == "unresolved"
+    assert paired.bar_verdict([bar + 0.001, bar + 0.05], bar) == "missed"
 
 
 @pytest.mark.slow
@@ -36,7 +59,7 @@ def test_time_pair_on_real_engines(paired, engines, smollm2_path, monkeypatch):
     method = engines.get(smollm2_path, metrics=True, enable_prefix_caching=False,
                          disable_log_stats=False,
                          speculative_config=spec_config("ngram", smollm2_path))
-    for name, llm in (("plain", plain), ("method", method)):
+    for name, llm in (("plain", plain), ("speculative", method)):
         generate = llm.generate
 
         def recorded(*args, _name=name, _generate=generate, **kwargs):
@@ -50,15 +73,16 @@ def test_time_pair_on_real_engines(paired, engines, smollm2_path, monkeypatch):
     cell = paired.time_pair(plain, method, requests, max_tokens=12, repeats=repeats, warmups=1)
 
     # One warm-up each, then P M, M P, P M, ...: every method run next to a plain run.
-    expected = ["plain", "method"]
+    expected = ["plain", "speculative"]
     for r in range(repeats):
-        expected += ["plain", "method"] if r % 2 == 0 else ["method", "plain"]
+        expected += ["plain", "speculative"] if r % 2 == 0 else ["speculative", "plain"]
     assert calls == expected
-    assert len(cell["plain"]["walls_s"]) == len(cell["method"]["walls_s"]) == repeats
+    assert "method" not in cell  # a report row's "method" is the method's name
+    assert len(cell["plain"]["walls_s"]) == len(cell["speculative"]["walls_s"]) == repeats
     assert cell["paired_ratios"] == pytest.approx(
-        [m / p for m, p in zip(cell["method"]["walls_s"], cell["plain"]["walls_s"])])
+        [m / p for m, p in zip(cell["speculative"]["walls_s"], cell["plain"]["walls_s"])])
     assert cell["requests"] == batch
     assert cell["equal_outputs"] == batch  # fp32 greedy: speculation changes nothing
-    spec = cell["method"]["spec"]
+    spec = cell["speculative"]["spec"]
     assert spec["draft_tokens"] > 0 and 0 <= spec["accepted"] <= spec["draft_tokens"]
     assert "spec" not in cell["plain"]
