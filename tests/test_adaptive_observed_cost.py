@@ -256,3 +256,53 @@ def test_the_switch(monkeypatch):
     controller = DraftLengthController(K, NGRAM_LIKE, learn_costs=False)
     controller.observe_step_time(16, K, 10.0)
     assert controller.cost is NGRAM_LIKE and controller.observed_cost is None
+
+
+def test_a_longer_draft_never_costs_less_than_a_shorter_one():
+    rng = np.random.default_rng()
+    cost = ObservedCost(NGRAM_LIKE)
+    factors = rng.uniform(0.5, 2.0, K + 1)
+    for k, factor in enumerate(factors):
+        _feed(cost, int(rng.integers(1, 65)), k, float(factor), MIN_OBS)
+    for n in rng.integers(1, 300, size=8):
+        n = int(n)
+        times = [cost.step_time(n, k) for k in range(K + 1)]
+        assert times == sorted(times)
+        raw = [NGRAM_LIKE.step_time(n, k) * cost.factor(k) for k in range(K + 1)]
+        assert times == pytest.approx([max(raw[:k + 1]) for k in range(K + 1)])
+    # Factors that keep the order change nothing.
+    steady = ObservedCost(NGRAM_LIKE)
+    base = float(rng.uniform(0.8, 1.2))
+    for k in range(K + 1):
+        _feed(steady, 16, k, base * (1 + 0.1 * k), MIN_OBS)
+    assert steady.step_time(16, 3) == pytest.approx(base * 1.3 * NGRAM_LIKE.step_time(16, 3))
+
+
+def test_no_drafting_with_nothing_accepted_when_probes_time_low():
+    """Session 30 on the H100 (suffix, every draft rejected): the one-token probes' intervals
+    fell in two groups, 0.7x and 1.3x of the table, and with the factor at 0.7x a one-token
+    step looked cheaper than a plain one, so drafting turned on and off every few probes."""
+    from specdec_plugin.adaptive.controller import DraftLengthController
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(1, 17))
+    req_ids = [f"r{i}" for i in range(n)]
+    controller = DraftLengthController(K, NGRAM_LIKE)
+    drafting_steps, probes_before = 0, 0
+    low = True
+    for step in range(3000):
+        if step == 500:  # the optimistic start is over
+            drafting_steps, probes_before = 0, controller.probes
+        k = controller.choose(req_ids)
+        if k:
+            drafting_steps += 1
+            for req_id in req_ids:
+                controller.observe(req_id, k, 0)
+            low = not low
+            factor = (0.7 if low else 1.3) * float(rng.uniform(0.98, 1.02))
+        else:
+            factor = float(rng.uniform(0.98, 1.02))
+        controller.observe_step_time(n, k, factor * NGRAM_LIKE.step_time(n, k))
+    assert controller.observed_cost.learned(1)
+    # After the start, the only drafting steps are the probes.
+    assert drafting_steps == controller.probes - probes_before

@@ -151,7 +151,16 @@ class ObservedCost:
         return 1.0
 
     def step_time(self, num_reqs: int, k: int) -> float:
-        return self.table.step_time(num_reqs, k) * self.factor(k)
+        """The corrected time of a step verifying ``k`` drafts, never less than a shorter
+        length's: a step that verifies more drafts runs the same forward pass over more
+        tokens and drafts more, so it cannot be cheaper. Each length's factor is learned at
+        its own moments and batch sizes, and a rarely visited length's factor can come out
+        low: on the H100 (session 30, suffix with every draft rejected) the one-token
+        factor swung between 0.72 and 1.27 as its probes' intervals, attributed through the
+        async pipeline, fell in two groups (4.7 and 8.6 ms at batch 1, where a plain step
+        took 6). At 0.72 a one-token draft looked 20% cheaper than a plain step, so drafting
+        with nothing accepted looked like a gain and turned on and off 20 times in one run."""
+        return max(self.table.step_time(num_reqs, j) * self.factor(j) for j in range(k + 1))
 
     def changes(self, lengths, threshold: float = 0.25) -> list[tuple[int, float, float]]:
         """(k, factor last reported, factor now) for each of ``lengths`` whose own learned
