@@ -96,6 +96,7 @@ def test_lm_head_packed_at_first_product_and_after_retying(patched):
     assert head.weight.__dict__[cpu_linear._ATTR] is not first
 
 
+@pytest.mark.parametrize("onednn_bf16", [True, False])
 @pytest.mark.parametrize("setting,dtype,bf16_values,want", [
     ("auto", torch.float32, True, ("cpp", torch.bfloat16)),
     ("auto", torch.bfloat16, True, ("cpp", torch.bfloat16)),
@@ -106,10 +107,34 @@ def test_lm_head_packed_at_first_product_and_after_retying(patched):
     ("fp32", torch.bfloat16, True, ("onednn", torch.float32)),
     ("bf16", torch.float32, True, ("onednn", torch.bfloat16)),
     ("torch", torch.float32, True, None)])
-def test_device_layer_choice(monkeypatch, setting, dtype, bf16_values, want):
+def test_device_layer_choice(monkeypatch, setting, dtype, bf16_values, want, onednn_bf16):
+    """The same choices whether or not this CPU's oneDNN has a bfloat16 linear, except that
+    asking for oneDNN bfloat16 where it has none is an error that names the setting."""
+    from specdec_plugin.ops.linear import onednn
+
     monkeypatch.setenv("SPECDEC_CPU_LINEAR", setting)
     monkeypatch.setattr("specdec_plugin.device.cpu._linear_choices", set())
+    monkeypatch.setattr(onednn, "supports", lambda dt: dt == torch.float32 or onednn_bf16)
     weight = _weight(8, 16, torch.Generator().manual_seed(4), bf16_values).to(dtype)
+    if want == ("onednn", torch.bfloat16) and not onednn_bf16:
+        with pytest.raises(RuntimeError, match="SPECDEC_CPU_LINEAR=bf16w"):
+            CpuDevice().linear_packing(weight)
+        return
+    assert CpuDevice().linear_packing(weight) == want
+
+
+@pytest.mark.parametrize("onednn_bf16,want", [(True, ("onednn", torch.bfloat16)),
+                                              (False, ("onednn", torch.float32))])
+def test_bfloat16_weights_without_the_cpp_kernel(monkeypatch, onednn_bf16, want):
+    """With no cpp kernel built, bfloat16 weights go to oneDNN in bfloat16 where it has that
+    path, else in float32 (exact for bfloat16 values) rather than failing at load."""
+    from specdec_plugin.ops.linear import cpp, onednn
+
+    monkeypatch.setenv("SPECDEC_CPU_LINEAR", "auto")
+    monkeypatch.setattr("specdec_plugin.device.cpu._linear_choices", set())
+    monkeypatch.setattr(cpp, "available", lambda: False)
+    monkeypatch.setattr(onednn, "supports", lambda dt: dt == torch.float32 or onednn_bf16)
+    weight = _weight(8, 16, torch.Generator().manual_seed(6), True).bfloat16()
     assert CpuDevice().linear_packing(weight) == want
 
 

@@ -119,6 +119,12 @@ class CpuDevice(DeviceLayer):
         if not onednn.available():
             return self._log_linear(None, "this torch has no oneDNN linear")
         if choice == "bf16":
+            if not onednn.supports(torch.bfloat16):
+                raise RuntimeError(
+                    "SPECDEC_CPU_LINEAR=bf16: oneDNN on this CPU has no bfloat16 linear (it "
+                    "needs avx512bw/vl/dq or avx_ne_convert). Unset SPECDEC_CPU_LINEAR for the "
+                    "lossless default, or set SPECDEC_CPU_LINEAR=bf16w for bfloat16 weights "
+                    "through our C++ kernel.")
             native = bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
             return self._log_linear(
                 ("onednn", torch.bfloat16), "SPECDEC_CPU_LINEAR=bf16" + (
@@ -133,6 +139,10 @@ class CpuDevice(DeviceLayer):
             return self._log_linear(("onednn", torch.float32), "SPECDEC_CPU_LINEAR=fp32")
         why = ("the weights are not bfloat16 values" if not exact
                else "specdec_plugin._C has no cpu_linear_packed (rebuild it)")
+        if not onednn.supports(weight.dtype):
+            # bfloat16 values are exact in float32: the same products, read at twice the bytes.
+            return self._log_linear(("onednn", torch.float32),
+                                    f"{why}; oneDNN on this CPU has no bfloat16 linear")
         return self._log_linear(("onednn", weight.dtype), f"the weight's dtype ({why})")
 
     @staticmethod

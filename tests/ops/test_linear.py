@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specdec_plugin.ops.contract import ContractError
-from specdec_plugin.ops.linear import reference
+from specdec_plugin.ops.linear import onednn, reference
 from tests.ops.providers import every_provider, generator, kernel, providers_to_compare
 
 FOLDER = "linear"
@@ -49,7 +49,14 @@ def _pair(op, provider):
     return kernel("pack_linear_weight", provider), kernel("linear", provider)
 
 
+def skip_unsupported(provider, pack_dtype):
+    if provider == "onednn" and not onednn.supports(pack_dtype):
+        pytest.skip(f"oneDNN on this CPU cannot pack {pack_dtype} (no avx512bw/vl/dq or "
+                    "avx_ne_convert); test_onednn_refuses_what_this_cpu_cannot_pack covers it")
+
+
 def pack_case(op, provider, shape, pack_dtype, with_bias):
+    skip_unsupported(provider, pack_dtype)
     pack, run = _pair(op, provider)
     check(pack, run, *shape, pack_dtype, with_bias=with_bias, seed=sum(shape))
 
@@ -68,6 +75,7 @@ def test_provider_matches_reference(op, provider, shape, pack_dtype, with_bias):
 @pytest.mark.parametrize("op,provider", every_provider(FOLDER))
 def test_batched_input_and_bf16_activations(op, provider):
     """[batch, seq, K] inputs keep their leading shape; bfloat16 activations come back bf16."""
+    skip_unsupported(provider, torch.bfloat16)
     pack, run = _pair(op, provider)
     x, w, b = make_case(6, 64, 48, torch.bfloat16, True, seed=7)
     packed = pack(w, torch.bfloat16)
@@ -99,3 +107,16 @@ def test_contract_rejects_bad_inputs(op, provider):
             call()
             pytest.fail(f"accepted: {what}")
 
+
+
+def test_onednn_refuses_what_this_cpu_cannot_pack():
+    """On a CPU whose oneDNN has no bfloat16 linear (an AVX2-only AMD EPYC), packing says so
+    and what to do instead, rather than torch's error from inside oneDNN."""
+    if not onednn.available():
+        pytest.skip("this torch has no oneDNN linear")
+    assert onednn.supports(torch.float32)
+    if onednn.supports(torch.bfloat16):
+        pytest.skip("oneDNN on this CPU packs bfloat16 (test_provider_matches_reference runs it)")
+    _, w, _ = make_case(2, 32, 16, torch.float32, False, seed=9)
+    with pytest.raises(RuntimeError, match="cpp provider"):
+        onednn.pack_linear_weight(w, torch.bfloat16)

@@ -9,6 +9,8 @@ while oneDNN runs native avx512_bf16 code (benchmarks/bench_cpu_linear.py, BENCH
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from specdec_plugin.ops.linear import PackedLinear
@@ -20,10 +22,31 @@ def available() -> bool:
                                                             "_linear_pointwise")
 
 
+@functools.cache
+def supports(dtype: torch.dtype) -> bool:
+    """Whether this CPU can pack ``dtype`` weights here. float32: wherever oneDNN is there.
+    bfloat16: torch's oneDNN reorder refuses it on CPUs without avx512bw/vl/dq or
+    avx_ne_convert (an AVX2-only AMD EPYC, 2026-11-28), so torch is asked once, on a small
+    weight, rather than the CPU's flags read against a list that torch may change."""
+    if not available():
+        return False
+    if dtype == torch.float32:
+        return True
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.ones(16, 16, dtype=dtype))
+    except RuntimeError:
+        return False
+    return True
+
+
 def pack_linear_weight(weight: torch.Tensor, dtype: torch.dtype) -> PackedLinear:
     check_pack(weight, dtype)
     if not weight.is_cpu:
         raise ValueError("pack_linear_weight: the onednn provider packs host (CPU) weights only")
+    if not supports(dtype):
+        raise RuntimeError(
+            f"pack_linear_weight: oneDNN on this CPU cannot pack {dtype} weights (its bfloat16 "
+            "path needs avx512bw/vl/dq or avx_ne_convert): pack float32, or use the cpp provider")
     w = weight.detach().to(dtype).contiguous()
     # No batch-size hint: measured no faster at the sizes it was given for, and one layout
     # serves decode (1-8 rows) and prefill alike.
