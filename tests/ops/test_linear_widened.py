@@ -169,11 +169,14 @@ def test_concurrent_callers_each_get_their_own_result():
 
 @pytest.mark.parametrize("pack_dtype", PACK_DTYPES)
 @pytest.mark.parametrize("n,k", [(49, 17), (200, 88), (33, 577)])
-def test_portable_path_gives_the_same_bits(pack_dtype, n, k):
+@pytest.mark.parametrize("m", [1, 2, 4, 13])
+def test_portable_path_gives_the_same_bits(pack_dtype, n, k, m):
+    """The vectorized path this CPU runs (AVX-512, else AVX2) against the element-at-a-time
+    one: the same chains, so the same bits, at row counts that fill 1-3 row AVX2 tiles."""
     ext = _ext()
     if not ext.cpu_linear_packed_vectorized():
-        pytest.skip("this CPU has no AVX-512: the portable path is the only one")
-    x, w, b = _case(13, n, k, salt=11)
+        pytest.skip("this CPU has neither AVX-512 nor AVX2: the portable path is the only one")
+    x, w, b = _case(m, n, k, salt=11)
     packed = cpp.pack_linear_weight(w, pack_dtype)
     fast = ext.cpu_linear_packed(x, packed.weight, n, b, False)
     portable = ext.cpu_linear_packed(x, packed.weight, n, b, True)
