@@ -15,7 +15,8 @@ Variants: torch F.linear fp32 (what vLLM does), oneDNN prepacked (fp32; bf16 wei
 activations cast to bf16; ops/linear/onednn.py), MKL packed fp32, and ours (ops/linear/cpp.py,
 csrc/cpu_linear_packed.cpp): bf16 weight panels widened to fp32 in registers (``cpp_bf16w``,
 the float32 product on these bf16-exact weights) and the same kernel on fp32 panels
-(``cpp_fp32``). An earlier AVX-512 GEMV of ours (csrc/cpu_linear.cpp, commit 4825ceb, removed)
+(``cpp_fp32``), and the bf16 panels through the kernel's element-at-a-time path
+(``cpp_bf16w_portable``: a CPU with neither AVX-512 nor AVX2 runs it). An earlier AVX-512 GEMV of ours (csrc/cpu_linear.cpp, commit 4825ceb, removed)
 lost to oneDNN once the weights came from memory (BENCHMARKS.md). Weights are fresh random per
 shape, rounded to bf16 values (as a bf16 checkpoint loaded in fp32); every variant is checked
 against fp32 F.linear. OpenMP threads wait passively, as in the engine (device/cpu.py).
@@ -39,6 +40,7 @@ from specdec_plugin.ops.linear import cpp
 SHAPES = [("qkv", 960, 576, 30), ("o", 576, 576, 30), ("gate_up", 3072, 576, 30),
           ("down", 576, 1536, 30), ("lm_head", 49152, 576, 1)]
 MS = (1, 4, 8, 32)
+_SKIPPED: set = set()  # variants this machine cannot run, reported once
 
 
 def variants(w: torch.Tensor, m: int) -> dict:
@@ -47,15 +49,26 @@ def variants(w: torch.Tensor, m: int) -> dict:
     try:
         wd = torch.ops.mkldnn._reorder_linear_weight(w)
         out["onednn_fp32"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, wd, None, "none", [], "")
+    except RuntimeError as e:  # a torch without oneDNN linear
+        print("oneDNN skipped:", e)
+    try:  # apart: oneDNN refuses bfloat16 on CPUs without avx512bw/vl/dq or avx_ne_convert
         wdb = torch.ops.mkldnn._reorder_linear_weight(w.bfloat16())
         out["onednn_bf16"] = lambda x: torch.ops.mkldnn._linear_pointwise(
             x.bfloat16(), wdb, None, "none", [], "").float()
-    except RuntimeError as e:  # a torch without oneDNN linear
-        print("oneDNN skipped:", e)
+    except RuntimeError as e:
+        if not _SKIPPED:
+            print("oneDNN bf16 skipped:", str(e).splitlines()[0])
+        _SKIPPED.add("onednn_bf16")
     if cpp.available():  # ours: bf16 (or fp32) panels widened to fp32 in registers
         for dt, vname in ((torch.bfloat16, "cpp_bf16w"), (torch.float32, "cpp_fp32")):
             pw = cpp.pack_linear_weight(w, dt)
             out[vname] = lambda x, pw=pw: cpp.linear(x, pw)
+        # The same kernel's element-at-a-time path: what CPUs without AVX-512 ran before the
+        # AVX2 tiles (session 30), and the bits every vectorized path must match.
+        pw = cpp.pack_linear_weight(w, torch.bfloat16)
+        ext = cpp._ext()
+        out["cpp_bf16w_portable"] = lambda x, pw=pw: ext.cpu_linear_packed(
+            x, pw.weight, pw.out_features, None, True)
     else:
         print("cpp skipped: specdec_plugin._C has no cpu_linear_packed (rebuild the extension)")
     try:
