@@ -113,6 +113,9 @@ class ObservedCost:
         self.observations: dict[int, int] = {}
         # The factor last reported by ``changes``, per length (1.0: the table).
         self._reported: dict[int, float] = {}
+        # Each length's own factor until its window changes: ``step_time(n, k)`` reads the
+        # factors of every length up to k, and the policy asks for every k each step.
+        self._own_factors: dict[int, float] = {}
 
     def observe(self, num_reqs: int, k: int, seconds: float) -> bool:
         """A step of ``num_reqs`` requests that verified ``k`` drafts each took ``seconds``.
@@ -126,6 +129,7 @@ class ObservedCost:
         if k not in self._log_ratios:
             self._log_ratios[k] = deque(maxlen=self.settings.window)
         self._log_ratios[k].append(math.log(ratio))
+        self._own_factors.pop(k, None)
         self.observations[k] = self.observations.get(k, 0) + 1
         return True
 
@@ -133,9 +137,12 @@ class ObservedCost:
         return self.observations.get(k, 0) >= self.settings.min_observations
 
     def _own_factor(self, k: int) -> float:
-        s = self.settings
-        factor = math.exp(ESTIMATORS[s.estimator](self._log_ratios[k]))
-        return min(max(factor, s.min_factor), s.max_factor)
+        factor = self._own_factors.get(k)
+        if factor is None:
+            s = self.settings
+            factor = math.exp(ESTIMATORS[s.estimator](self._log_ratios[k]))
+            factor = self._own_factors[k] = min(max(factor, s.min_factor), s.max_factor)
+        return factor
 
     def factor(self, k: int) -> float:
         if self.learned(k):
