@@ -60,14 +60,13 @@ def variants(w: torch.Tensor, m: int) -> dict:
             print("oneDNN bf16 skipped:", str(e).splitlines()[0])
         _SKIPPED.add("onednn_bf16")
     if cpp.available():  # ours: bf16 (or fp32) panels widened to fp32 in registers
+        packs = {dt: cpp.pack_linear_weight(w, dt) for dt in (torch.bfloat16, torch.float32)}
         for dt, vname in ((torch.bfloat16, "cpp_bf16w"), (torch.float32, "cpp_fp32")):
-            pw = cpp.pack_linear_weight(w, dt)
-            out[vname] = lambda x, pw=pw: cpp.linear(x, pw)
-        # The same kernel's element-at-a-time path: what CPUs without AVX-512 ran before the
-        # AVX2 tiles (session 30), and the bits every vectorized path must match.
-        pw = cpp.pack_linear_weight(w, torch.bfloat16)
+            out[vname] = lambda x, pw=packs[dt]: cpp.linear(x, pw)
+        # The same bf16 panels through the element-at-a-time path: what CPUs without AVX-512
+        # ran before the AVX2 tiles (session 30), and the bits every vectorized path must match.
         ext = cpp._ext()
-        out["cpp_bf16w_portable"] = lambda x, pw=pw: ext.cpu_linear_packed(
+        out["cpp_bf16w_portable"] = lambda x, pw=packs[torch.bfloat16]: ext.cpu_linear_packed(
             x, pw.weight, pw.out_features, None, True)
     else:
         print("cpp skipped: specdec_plugin._C has no cpu_linear_packed (rebuild the extension)")
