@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
-exec python -m pytest -q -p no:cacheprovider --durations=15 tests "$@"
+exec python -m pytest -q -p no:cacheprovider --durations=60 tests "$@"
