@@ -71,6 +71,11 @@ class AcceptanceTracker:
         self._pending: list[tuple[str, int, int]] = []
         # engine_rates() of the current engine counts; None once they change.
         self._engine_rates: np.ndarray | None = None
+        # Bumped whenever anything batch_rates() or has_unseen() read may have changed (a fold
+        # of new results, the engine counts, a request's row released), so that a caller can
+        # keep what it derived from them while this stays the same (the controller's decision
+        # on steps that draft nothing, controller.py).
+        self.version = 0
 
     def observe(self, req_id: str, num_drafted: int, num_accepted: int) -> None:
         """One request's verification result in this step."""
@@ -84,6 +89,7 @@ class AcceptanceTracker:
         if not pending:
             return
         self._pending = []
+        self.version += 1
         req_ids, drafted, accepted = zip(*pending)
         drafted = np.minimum(np.array(drafted, dtype=np.int64), self.settings.max_k)
         accepted = np.minimum(np.maximum(np.array(accepted, dtype=np.int64), 0), drafted)
@@ -127,6 +133,7 @@ class AcceptanceTracker:
             self.accepted = self.accepted * decay + step[ACCEPTED]
             self._step_counts = np.zeros_like(step)
             self._engine_rates = None
+            self.version += 1
 
     def has_unseen(self, req_ids) -> bool:
         """Whether any of ``req_ids`` has no verification result of its own yet."""
@@ -137,6 +144,7 @@ class AcceptanceTracker:
     def forget(self, req_id: str) -> None:
         self._fold()  # its pending results still count for the engine, as they did
         self._rows.release(req_id)
+        self.version += 1
 
     def engine_rates(self) -> np.ndarray:
         # A copy, so that a caller writing into it cannot change the cache.
