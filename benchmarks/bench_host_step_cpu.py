@@ -173,9 +173,14 @@ def main() -> None:
                    "extra round at the first batch (plugin and proposer functions by cumulative time; "
                    "all in $TMPDIR/host_step_METHOD_BATCH.prof)")
     p.add_argument("--json", default=None)
+    p.add_argument("--no-decision-cache", action="store_true", help="the controller runs its "
+                   "policy every step (the 'before' of its kept decision, controller.py)")
     args = p.parse_args()
 
     install_wrappers()
+    if args.no_decision_cache:  # no decision is ever kept: the policy runs every step
+        from specdec_plugin.adaptive.controller import DraftLengthController
+        DraftLengthController._decision_key = property(lambda self: None, lambda self, v: None)
     from vllm import LLM, SamplingParams
 
     models = tempfile.TemporaryDirectory(prefix="host_step_")  # removed at exit
