@@ -100,7 +100,7 @@ class DraftLengthController:
         # results arrive (the tracker's version stays), the batch is the same requests, and a
         # start-up cost table never changes. The policy then gives the same decision, so it is
         # kept rather than recomputed (the rates of every request and every length's expected
-        # tokens/s, ~0.15-0.3 ms per step at batch 1-64 on a 2-core Xeon, on the host every
+        # tokens/s, ~0.15-0.3 ms per step at batch 1-64 on a 2-core AMD EPYC, on the host every
         # step: bench_host_step_cpu.py). Observed step costs (learn_costs) change with every
         # step's time, so with them the policy runs every step, as before.
         # (A tracker without a version, as the reference one of tests/test_adaptive_equivalence.py,
