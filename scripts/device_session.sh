@@ -21,6 +21,11 @@
 #   bash scripts/device_session.sh start NAME CMD...     # run CMD detached, log in /root/jobs
 #   bash scripts/device_session.sh wait NAME SECONDS     # wait for NAME (at most SECONDS), copy
 #                                                        # /root/jobs/NAME.* and NAME/ to $OUT
+# Several GPUs (kind nvidia-h200-x2, session 31): start one job per GPU, each job script
+# exporting its own CUDA_VISIBLE_DEVICES and VLLM_CACHE_ROOT (two engines compiling into one
+# cache at once is untested). Device time is held time, so two jobs side by side cost what one
+# costs. `wait` copies a job's files to $OUT; a later command in the same call that empties
+# $OUT (session 31's `rm -rf $OUT/A*`) throws them away: tar /root/jobs/NAME into $OUT instead.
 # The machine goes back about 30 s after a call ends, and a detached job dies with it: while a
 # job runs, make the next call (a `wait`) at once, and do any other work only after its files
 # are copied back (session 25 lost a benchmark's files and its queued GPU tests to two minutes
