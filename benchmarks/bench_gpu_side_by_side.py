@@ -42,23 +42,10 @@ METHODS = ("none", "draft_model", "eagle", "eagle3", "ngram", "suffix")
 
 
 def _random_setup(args, family: str) -> tuple[str, dict, dict]:
-    from gpu_models import FAMILIES, repeated_random_prompt, write_configs
+    from gpu_models import FAMILIES, repeated_random_prompt, synthetic_spec_configs, write_configs
 
     paths = write_configs(args.work, family)
-    synthetic = {"rejection_sample_method": "synthetic",
-                 "synthetic_acceptance_length": args.acceptance_length}
-    k = args.k
-    specs = {
-        "none": None,
-        "draft_model": {"method": "draft_model", "model": paths["draft_model"], **synthetic},
-        "eagle": {"method": "eagle", "model": paths["eagle"], **synthetic},
-        "eagle3": {"method": "eagle3", "model": paths["eagle3"], **synthetic},
-        "ngram": {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 4, **synthetic},
-        "suffix": {"method": "suffix", **synthetic},
-    }
-    for spec in specs.values():
-        if spec is not None:
-            spec["num_speculative_tokens"] = k
+    specs = synthetic_spec_configs(paths, args.acceptance_length, args.k)
     vocab = FAMILIES[family]["target"]["vocab_size"]
     workload = {"prompt_token_ids": [repeated_random_prompt(vocab=vocab, seed=s) for s in range(16)],
                 "engine": {"load_format": "dummy", "skip_tokenizer_init": True}}

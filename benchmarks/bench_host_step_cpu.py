@@ -6,7 +6,7 @@ showed the speculative engines 1.06-1.18x plain decoding at batch 64 and none at
 The suspicion: a speculative engine's host (Python) work per step at batch 64 reaches the
 ~5 ms GPU step, so async scheduling no longer hides it. This script measures that host work
 where it is all there is: a TINY random Llama (4 layers, hidden 128, vocab 2048,
-``load_format="dummy"``) and tiny random drafters shaped as benchmarks/gpu_models.py's, so the
+``load_format="dummy"``; gpu_models.py's "tiny-4l" family) and tiny random drafters, so the
 forward is negligible and a step's time is the host's. All engines live in this process
 (in-process engine cores); each round runs one ``generate`` per engine in rotating order, so
 drift between minutes falls on all alike; ms/step is wall / engine steps, the ratio to
@@ -38,23 +38,15 @@ import time
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-TARGET = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-    "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 2048,
-    "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-    "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
-    "torch_dtype": "float32",
-}
-DRAFTERS = {  # as gpu_models.py: a 2-layer draft model, EAGLE / EAGLE-3 one-layer heads
-    "draft_model": {**TARGET, "hidden_size": 64, "intermediate_size": 128,
-                    "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2},
-    "eagle": {**TARGET, "num_hidden_layers": 1},
-    "eagle3": {**TARGET, "num_hidden_layers": 1, "draft_vocab_size": 2048,
-               "target_hidden_size": 128, "norm_before_residual": False,
-               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3],
-                                "use_aux_hidden_state": True}},
-}
+from gpu_models import (  # noqa: E402  (benchmarks/ is this script's folder)
+    FAMILIES,
+    repeated_random_prompt,
+    synthetic_spec_configs,
+    write_configs,
+)
+
+FAMILY = "tiny-4l"  # a 4-layer Llama of width 128 and drafters shaped as the 7B family's
+VOCAB = FAMILIES[FAMILY]["target"]["vocab_size"]
 
 TOTALS: dict[str, float] = collections.defaultdict(float)
 COUNTS: dict[str, int] = collections.defaultdict(int)
@@ -128,38 +120,10 @@ def hook_forwards(llm, name: str) -> None:
         model.register_forward_hook(post)
 
 
-def write_models(root: str) -> dict[str, str]:
-    paths = {}
-    for name, config in {"target": TARGET, **DRAFTERS}.items():
-        os.makedirs(f"{root}/{name}", exist_ok=True)
-        with open(f"{root}/{name}/config.json", "w") as f:
-            json.dump(config, f)
-        paths[name] = f"{root}/{name}"
-    return paths
-
-
-def spec_config(method: str, paths: dict[str, str], k: int) -> dict | None:
-    synthetic = {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": 1.0,
-                 "num_speculative_tokens": k}
-    if method == "none":
-        return None
-    if method in DRAFTERS:
-        return {"method": method, "model": paths[method], **synthetic}
-    if method == "ngram":
-        return {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 4, **synthetic}
-    return {"method": method, **synthetic}
-
-
 def prompts(batch: int, seed: int) -> list[dict]:
-    """As gpu_models.repeated_random_prompt: 16 random ids repeated 4 times, per request."""
-    import random
-
-    out = []
-    for i in range(batch):
-        rng = random.Random(seed * 1000 + i)
-        ids = [rng.randrange(100, TARGET["vocab_size"]) for _ in range(16)]
-        out.append({"prompt_token_ids": ids * 4})
-    return out
+    """16 random ids repeated 4 times, different for each request and round."""
+    return [{"prompt_token_ids": repeated_random_prompt(16, 4, VOCAB, seed * 1000 + i)}
+            for i in range(batch)]
 
 
 def main() -> None:
@@ -184,7 +148,8 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     models = tempfile.TemporaryDirectory(prefix="host_step_")  # removed at exit
-    paths = write_models(models.name)
+    paths = write_configs(models.name, FAMILY)
+    specs = synthetic_spec_configs(paths, 1.0, args.k)
     methods = args.methods.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     engines, failed = {}, {}
@@ -194,7 +159,7 @@ def main() -> None:
                              skip_tokenizer_init=True, max_model_len=512, seed=0,
                              enable_prefix_caching=False, max_num_seqs=max(batches),
                              kv_cache_memory_bytes=96 << 20,
-                             speculative_config=spec_config(m, paths, args.k))
+                             speculative_config=specs[m])
         except Exception as e:  # noqa: BLE001  (report what does not run on CPU)
             failed[m] = f"{type(e).__name__}: {e}"[:300]
             print(f"{m}: did not start: {failed[m]}", flush=True)

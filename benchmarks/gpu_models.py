@@ -59,8 +59,45 @@ CONFIGS_70B_40L = {
                                 "use_aux_hidden_state": True}},
 }
 
+# For host-time runs on the CPU (bench_host_step_cpu.py): a 4-layer Llama of width 128, so a
+# step's model forwards are small next to its host work, and drafters in proportion.
+TINY_4L = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+    "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 2048,
+    "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+    "torch_dtype": "float32",
+}
+CONFIGS_TINY_4L = {
+    "target": TINY_4L,
+    "draft_model": {**TINY_4L, "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2},
+    "eagle": {**TINY_4L, "num_hidden_layers": 1},
+    "eagle3": {**TINY_4L, "num_hidden_layers": 1, "draft_vocab_size": 2048,
+               "target_hidden_size": 128, "norm_before_residual": False,
+               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3],
+                                "use_aux_hidden_state": True}},
+}
+
 # Model family name -> its checkpoint configs (the family names the directories).
-FAMILIES = {"llama7b": CONFIGS, "llama70b-40l": CONFIGS_70B_40L}
+FAMILIES = {"llama7b": CONFIGS, "llama70b-40l": CONFIGS_70B_40L, "tiny-4l": CONFIGS_TINY_4L}
+
+
+def synthetic_spec_configs(paths: dict[str, str], acceptance_length: float,
+                           k: int) -> dict[str, dict | None]:
+    """Method -> speculative_config over ``write_configs``'s drafters, with vLLM's synthetic
+    acceptance at ``acceptance_length`` and K = ``k``; "none" -> None."""
+    synthetic = {"rejection_sample_method": "synthetic",
+                 "synthetic_acceptance_length": acceptance_length, "num_speculative_tokens": k}
+    return {
+        "none": None,
+        "draft_model": {"method": "draft_model", "model": paths["draft_model"], **synthetic},
+        "eagle": {"method": "eagle", "model": paths["eagle"], **synthetic},
+        "eagle3": {"method": "eagle3", "model": paths["eagle3"], **synthetic},
+        "ngram": {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 4, **synthetic},
+        "suffix": {"method": "suffix", **synthetic},
+    }
 
 
 def write_configs(root: str | Path, family: str = "llama7b") -> dict[str, str]:
