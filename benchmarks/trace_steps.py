@@ -56,7 +56,9 @@ def timeline(intervals: list[tuple[float, float, str]], steps: int, top: int = 4
     if not intervals:
         return {"events": 0}
     steps = max(steps, 1)
-    window = intervals[-1][1] - intervals[0][0]
+    # From the first start to the latest end: the last event to start may end before an
+    # earlier, longer one on another stream.
+    window = max(end for _, end, _ in intervals) - intervals[0][0]
     busy = 0.0
     gaps = [0] * (len(GAP_EDGES_US) + 1)
     gap_us = [0.0] * (len(GAP_EDGES_US) + 1)
