@@ -180,6 +180,34 @@ def test_finished_or_preempted_requests_lose_their_tokens():
     assert {s: v for s, v in want.kv.items() if s not in lost} == got.kv
 
 
+def test_a_request_forgotten_in_an_unchanged_batch_keeps_nothing_stale():
+    # The buffer rows of an unchanged batch are looked up once (``_rows_of``); a request that is
+    # preempted and resumed between two steps of the same batch must still start afresh, and
+    # the runner's every-step forget of no request must not cost the lookup again.
+    script = [
+        ([("A", 0, 2), ("B", 0, 2)], 0),
+        ([("A", 2, 1), ("B", 2, 1)], 0),
+        ("forget", []),
+        ([("A", 3, 1), ("B", 3, 1)], 0),
+        ("forget", ["B"]),                # preempted and resumed: same batch, same order
+        ([("A", 4, 1), ("B", 4, 1)], 0),
+        ([("C", 9, 1), ("A", 5, 1), ("B", 5, 1)], 0),  # C takes a free row first
+        ([("C", 10, 1), ("A", 6, 1), ("B", 6, 1)], 1),
+    ]
+    sync = _sync()
+    got, deferred = _run(script, sync)
+    want, _ = _run(script, None)
+    assert deferred == [False, True, True, True, True, False]
+    lost = {_slot("B", 2), _slot("B", 3)}
+    assert sync.dropped_tokens == 2
+    assert set(want.kv) - set(got.kv) == lost
+    assert {s: v for s, v in want.kv.items() if s not in lost} == got.kv
+    key = sync._rows_key
+    assert key is not None
+    sync.forget([])
+    assert sync._rows_key is key
+
+
 def test_unknown_rows_drop_everything_and_defer_nothing():
     sync, kv = _sync(), FakeDrafterKV()
     assert sync.step(0, ["A"], _step_kwargs([("A", 1, 1)]), None, 0, kv)

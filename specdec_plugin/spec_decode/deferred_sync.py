@@ -102,10 +102,10 @@ class DeferredDrafterSync:
 
     def forget(self, req_ids) -> None:
         """Requests that finished or were preempted: their blocks are freed."""
-        self._rows_key = None  # rows are freed: the batch's row map is stale
         for req_id in req_ids:
             row = self._row.pop(req_id, None)
             if row is not None:
+                self._rows_key = None  # a row is freed: the batch's row map is stale
                 self.dropped_tokens += int(self._count[row])
                 self._count[row] = 0
                 self._free.append(row)
