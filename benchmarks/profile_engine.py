@@ -8,7 +8,7 @@ see the scheduler, the model runner, the drafter and every kernel launch. Prints
 - host-side totals from the torch profiler: device kernel time, graph launches, kernel launches,
   host<->device copies and synchronisations (a step that waits on the GPU cannot overlap),
 - the top operators by self host time and by device time,
-- the top Python functions by own time (cProfile),
+- the top Python functions by own time (cProfile; the raw profile in DIR/cprofile.prof),
 - the device timeline (``trace_steps.py``) from a pass that profiles device activity alone:
   busy and idle time per step, idle gaps by length, device time per kernel. Two engines'
   summaries diff with ``python benchmarks/trace_steps.py --diff A/summary.json B/summary.json``.
@@ -196,6 +196,8 @@ def main() -> None:
     profiler.enable()
     llm.generate(requests, params, use_tqdm=False)
     profiler.disable()
+    # The raw profile too: callers and callees of any function (pstats.Stats(path)).
+    profiler.dump_stats(os.path.join(args.out, "cprofile.prof"))
     stream = io.StringIO()
     stats = pstats.Stats(profiler, stream=stream)
     stats.sort_stats("tottime").print_stats(45)
