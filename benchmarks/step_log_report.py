@@ -5,10 +5,16 @@ of work between idle gaps or empty steps, e.g. the benchmark's generate calls), 
 length and its longest ``exec`` call, and the longest ``exec`` / ``sample`` / ``draft`` calls overall
 with the scheduler's view of their step (requests, tokens, new requests, draft length).
 
-    python benchmarks/step_log_report.py STEPS.jsonl [--top 8] [--gap-s 0.15]
+    python benchmarks/step_log_report.py STEPS.jsonl [--top 8] [--gap-s 0.15] [--by-kind]
 
 Session 27 found vLLM's async computed-token correction recompiling this way: ``exec`` calls of
 0.3-1.0 s right after a one-request step, where the others took under 45 ms (patch P14).
+
+``--by-kind``: the decode steps grouped by what the drafter did in them (a deferred pass, a
+flush, a probe that drafted, a plain engine's step), each kind with its step period (from one
+``exec`` to the next: under async scheduling, the rate the engine really runs at) and the
+median host time of each call. Session 32 read this way that at batch 64 on an H200 the steps
+after a deferred flush were the slow ones: the host ran past the device step there.
 """
 from __future__ import annotations
 
@@ -57,6 +63,89 @@ def longest_calls(events: list[dict], top: int) -> list[dict]:
     return sorted(calls, key=lambda e: e["ms"], reverse=True)[:top]
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _steps(events: list[dict]) -> list[dict]:
+    """One dict per engine step: the events from one ``exec`` call to the next, with the
+    scheduler's ``sched`` event before it where there is one (our adaptive scheduler)."""
+    steps, pending_sched, current = [], None, None
+    for event in events:
+        if event["kind"] == "sched":
+            pending_sched = event
+        elif event["kind"] == "exec":
+            current = {"exec": event, "sched": pending_sched, "calls": []}
+            pending_sched = None
+            steps.append(current)
+        elif current is not None:
+            current["calls"].append(event)
+    return steps
+
+
+def _kind(step: dict) -> str:
+    kinds = {e["kind"] for e in step["calls"]}
+    drafts = [e for e in step["calls"] if e["kind"] == "draft"]
+    if not drafts:
+        return "no drafter call"
+    name = "flush + " if "flush" in kinds else ""
+    return name + ", ".join(sorted({f"{e['path']} k={e['k']}" for e in drafts}))
+
+
+def by_kind(events: list[dict], gap_s: float = 0.15) -> dict:
+    """Decode steps (no new request scheduled, at most twice the median step's tokens) grouped
+    by ``_kind``: count, step period (ms from the previous step's ``exec`` to this one's, where
+    the previous is a decode step too and no idle gap lies between) and median host ms of each
+    call."""
+    steps = _steps(events)
+    tokens = [s["exec"]["tokens"] for s in steps if s["exec"].get("tokens")]
+    if not tokens:
+        return {}
+    limit = 2 * _median(tokens)
+
+    def decode(step):
+        sched = step["sched"]
+        return (0 < step["exec"].get("tokens", 0) <= limit
+                and (sched is None or sched.get("new", 0) == 0))
+
+    groups: dict[str, dict[str, list[float]]] = {}
+    periods_all = []
+    for prev, step in zip(steps, steps[1:]):
+        if not (decode(prev) and decode(step)):
+            continue
+        period = (step["exec"]["t"] - prev["exec"]["t"]) * 1e3
+        if period > gap_s * 1e3:
+            continue
+        periods_all.append(period)
+        group = groups.setdefault(_kind(step), {"period": [], "exec": [], "sample": [],
+                                                "draft": [], "sched": []})
+        group["period"].append(period)
+        group["exec"].append(step["exec"]["ms"])
+        for call in ("sample", "draft"):
+            group[call].append(sum(e["ms"] for e in step["calls"] if e["kind"] == call))
+        if step["sched"] is not None:
+            group["sched"].append(step["sched"]["build_ms"])
+    if not periods_all:
+        return {}
+    typical = _median(periods_all)
+    report = {"steps": len(periods_all), "period_median_ms": round(typical, 3),
+              "period_mean_ms": round(sum(periods_all) / len(periods_all), 3),
+              # Steps over 1.15x the median: where the engine fell behind its usual rate.
+              "slow_steps": sum(p > 1.15 * typical for p in periods_all), "kinds": {}}
+    for name, group in sorted(groups.items(), key=lambda kv: -len(kv[1]["period"])):
+        periods = group["period"]
+        report["kinds"][name] = {
+            "steps": len(periods),
+            "period_median_ms": round(_median(periods), 3),
+            "period_mean_ms": round(sum(periods) / len(periods), 3),
+            **{f"{call}_median_ms": round(_median(values), 3)
+               for call, values in group.items() if call != "period" and values},
+        }
+    return report
+
+
 def summarise(events: list[dict], top: int = 8, gap_s: float = 0.15) -> dict:
     runs = split_runs(events, gap_s)
     return {
@@ -81,10 +170,15 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=8)
     parser.add_argument("--gap-s", type=float, default=0.15,
                         help="an idle gap longer than this starts a new run")
+    parser.add_argument("--by-kind", action="store_true",
+                        help="decode steps grouped by what the drafter did, with step periods")
     args = parser.parse_args()
     events = load(args.log)
     if not events:
         print("empty log")
+        return
+    if args.by_kind:
+        print(json.dumps(by_kind(events, args.gap_s), indent=1))
         return
     report = summarise(events, args.top, args.gap_s)
     print("events:", report["events"])

@@ -49,3 +49,44 @@ def test_runs_and_the_stalled_call_are_found(tmp_path):
     assert events["sched"] == events["draft"] == runs * steps
     assert events["exec"] >= runs * steps  # the empty steps between back-to-back runs too
     assert sum(report["drafter_paths"].values()) == runs * steps
+
+
+def test_steps_are_grouped_by_what_the_drafter_did(tmp_path):
+    """A fake engine at one request count: every ``every``-th step flushes and the step after a
+    flush runs ``late_ms`` late; prefills (new requests) and idle gaps are left out."""
+    report_module = load_benchmark("step_log_report")
+    rng = random.Random()
+    n, every, late_ms = rng.randint(8, 64), rng.randint(3, 6), rng.uniform(0.5, 2.0)
+    base_ms, steps = 5.0, rng.randint(60, 120)
+    lines, t = [], 100.0
+    lines.append({"t": t, "kind": "sched", "n": n, "tokens": 40 * n, "new": n, "k": 0})
+    lines.append({"t": t, "kind": "exec", "ms": 30.0, "tokens": 40 * n})  # the prefill
+    for step in range(steps):
+        t += (base_ms + (late_ms if step % every == 1 else 0.0)) / 1e3
+        lines.append({"t": t - 0.004, "kind": "sched", "n": n, "tokens": n, "new": 0, "k": 0,
+                      "build_ms": 0.8})
+        lines.append({"t": t, "kind": "exec", "ms": 2.0, "tokens": n})
+        if step % every == 0:
+            lines.append({"t": t + 0.001, "kind": "flush", "reqs": n, "tokens": n * every})
+        lines.append({"t": t + 0.001, "kind": "draft", "path": "deferred", "k": 0, "tokens": n,
+                      "ms": 1.2 if step % every == 0 else 0.2})
+        lines.append({"t": t + 0.0012, "kind": "sample", "ms": 1.0})
+    path = tmp_path / "steps.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    report = report_module.by_kind(report_module.load(str(path)))
+
+    kinds = report["kinds"]
+    assert set(kinds) == {"deferred k=0", "flush + deferred k=0"}
+    assert report["steps"] == steps - 1  # the first decode step follows the prefill
+    flushes = len(range(every, steps, every))
+    assert kinds["flush + deferred k=0"]["steps"] == flushes
+    assert abs(kinds["flush + deferred k=0"]["draft_median_ms"] - 1.2) < 1e-9
+    assert abs(kinds["deferred k=0"]["sched_median_ms"] - 0.8) < 1e-9
+    assert abs(report["period_median_ms"] - base_ms) < 1e-6
+    # Slow: over 1.15x the median period (5.75 ms here).
+    late = len(range(1, steps, every))
+    assert report["slow_steps"] == (late if base_ms + late_ms > 1.15 * base_ms else 0)
+    # The late steps are the ones after a flush, not the flushes.
+    assert abs(kinds["flush + deferred k=0"]["period_mean_ms"] - base_ms) < 1e-3
+    assert kinds["deferred k=0"]["period_mean_ms"] > base_ms + 0.1
