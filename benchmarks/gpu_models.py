@@ -27,19 +27,27 @@ LLAMA_7B = {
     "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
 }
 
-# hidden 1024, 8 heads of 128, 2 layers, MLP 3584, untied 32K embeddings: 96M parameters.
-DRAFT_2_LAYER = {**LLAMA_7B, "hidden_size": 1024, "intermediate_size": 3584,
-                 "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8}
 
-EAGLE_HEAD = {**LLAMA_7B, "num_hidden_layers": 1}
+def _family(target: dict, draft_model: dict, aux_layers: list[int]) -> dict[str, dict]:
+    """A target and its drafters: a draft model (``draft_model``'s keys over the target's), and
+    one-layer EAGLE and EAGLE-3 heads of the target's width and full vocabulary (so the
+    zero-initialised draft-to-target map is the identity), EAGLE-3 over ``aux_layers``."""
+    return {
+        "target": target,
+        "draft_model": {**target, **draft_model},
+        "eagle": {**target, "num_hidden_layers": 1},
+        "eagle3": {**target, "num_hidden_layers": 1, "draft_vocab_size": target["vocab_size"],
+                   "target_hidden_size": target["hidden_size"], "norm_before_residual": False,
+                   "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux_layers,
+                                    "use_aux_hidden_state": True}},
+    }
 
-EAGLE3_HEAD = {**LLAMA_7B, "num_hidden_layers": 1, "draft_vocab_size": 32000,
-               "target_hidden_size": 4096, "norm_before_residual": False,
-               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 16, 29],
-                                "use_aux_hidden_state": True}}
 
-CONFIGS = {"target": LLAMA_7B, "draft_model": DRAFT_2_LAYER, "eagle": EAGLE_HEAD,
-           "eagle3": EAGLE3_HEAD}
+# Draft model: hidden 1024, 8 heads of 128, 2 layers, MLP 3584, untied 32K embeddings: 96M
+# parameters.
+CONFIGS = _family(LLAMA_7B, {"hidden_size": 1024, "intermediate_size": 3584,
+                             "num_hidden_layers": 2, "num_attention_heads": 8,
+                             "num_key_value_heads": 8}, [2, 16, 29])
 
 # For tensor parallel runs (issue 14): Llama-3.1-70B's layer shapes (hidden 8192, MLP 28672,
 # 64/8 heads of 128, vocab 128,256) with 40 of its 80 layers: 36.3B parameters, 73 GB in bf16,
@@ -48,16 +56,9 @@ CONFIGS = {"target": LLAMA_7B, "draft_model": DRAFT_2_LAYER, "eagle": EAGLE_HEAD
 LLAMA_70B_40L = {**LLAMA_7B, "hidden_size": 8192, "intermediate_size": 28672,
                  "num_hidden_layers": 40, "num_attention_heads": 64, "num_key_value_heads": 8,
                  "vocab_size": 128256, "max_position_embeddings": 8192}
-CONFIGS_70B_40L = {
-    "target": LLAMA_70B_40L,
-    "draft_model": {**LLAMA_70B_40L, "hidden_size": 2048, "intermediate_size": 7168,
-                    "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 8},
-    "eagle": {**LLAMA_70B_40L, "num_hidden_layers": 1},
-    "eagle3": {**LLAMA_70B_40L, "num_hidden_layers": 1, "draft_vocab_size": 128256,
-               "target_hidden_size": 8192, "norm_before_residual": False,
-               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 20, 37],
-                                "use_aux_hidden_state": True}},
-}
+CONFIGS_70B_40L = _family(LLAMA_70B_40L, {"hidden_size": 2048, "intermediate_size": 7168,
+                                          "num_hidden_layers": 2, "num_attention_heads": 16,
+                                          "num_key_value_heads": 8}, [2, 20, 37])
 
 # For host-time runs on the CPU (bench_host_step_cpu.py): a 4-layer Llama of width 128, so a
 # step's model forwards are small next to its host work, and drafters in proportion.
@@ -69,16 +70,9 @@ TINY_4L = {
     "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
     "torch_dtype": "float32",
 }
-CONFIGS_TINY_4L = {
-    "target": TINY_4L,
-    "draft_model": {**TINY_4L, "hidden_size": 64, "intermediate_size": 128,
-                    "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2},
-    "eagle": {**TINY_4L, "num_hidden_layers": 1},
-    "eagle3": {**TINY_4L, "num_hidden_layers": 1, "draft_vocab_size": 2048,
-               "target_hidden_size": 128, "norm_before_residual": False,
-               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3],
-                                "use_aux_hidden_state": True}},
-}
+CONFIGS_TINY_4L = _family(TINY_4L, {"hidden_size": 64, "intermediate_size": 128,
+                                    "num_hidden_layers": 2, "num_attention_heads": 2,
+                                    "num_key_value_heads": 2}, [1, 2, 3])
 
 # Model family name -> its checkpoint configs (the family names the directories).
 FAMILIES = {"llama7b": CONFIGS, "llama70b-40l": CONFIGS_70B_40L, "tiny-4l": CONFIGS_TINY_4L}
