@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
+from statistics import median
 
 HOST_CALLS = ("exec", "sample", "draft")
 
@@ -63,12 +64,6 @@ def longest_calls(events: list[dict], top: int) -> list[dict]:
     return sorted(calls, key=lambda e: e["ms"], reverse=True)[:top]
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def _steps(events: list[dict]) -> list[dict]:
     """One dict per engine step: the events from one ``exec`` call to the next, with the
     scheduler's ``sched`` event before it where there is one (our adaptive scheduler)."""
@@ -103,7 +98,7 @@ def by_kind(events: list[dict], gap_s: float = 0.15) -> dict:
     tokens = [s["exec"]["tokens"] for s in steps if s["exec"].get("tokens")]
     if not tokens:
         return {}
-    limit = 2 * _median(tokens)
+    limit = 2 * median(tokens)
 
     def decode(step):
         sched = step["sched"]
@@ -129,7 +124,7 @@ def by_kind(events: list[dict], gap_s: float = 0.15) -> dict:
             group["sched"].append(step["sched"]["build_ms"])
     if not periods_all:
         return {}
-    typical = _median(periods_all)
+    typical = median(periods_all)
     report = {"steps": len(periods_all), "period_median_ms": round(typical, 3),
               "period_mean_ms": round(sum(periods_all) / len(periods_all), 3),
               # Steps over 1.15x the median: where the engine fell behind its usual rate.
@@ -138,9 +133,9 @@ def by_kind(events: list[dict], gap_s: float = 0.15) -> dict:
         periods = group["period"]
         report["kinds"][name] = {
             "steps": len(periods),
-            "period_median_ms": round(_median(periods), 3),
+            "period_median_ms": round(median(periods), 3),
             "period_mean_ms": round(sum(periods) / len(periods), 3),
-            **{f"{call}_median_ms": round(_median(values), 3)
+            **{f"{call}_median_ms": round(median(values), 3)
                for call, values in group.items() if call != "period" and values},
         }
     return report
