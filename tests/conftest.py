@@ -78,9 +78,15 @@ def smollm2_path() -> str:
 
 
 @pytest.fixture(scope="session")
-def engines():
+def engines(request):
     from tests.engine_pool import EnginePool
 
     pool = EnginePool()
+    # The plain baselines the selected modules declare (EnginePool.want_plain_greedy).
+    modules = {id(item.module): item.module for item in request.session.items
+               if getattr(item, "module", None) is not None}
+    for module in modules.values():
+        for prompts, max_tokens in getattr(module, "PLAIN_GREEDY_BASELINES", ()):
+            pool.want_plain_greedy(prompts, max_tokens)
     yield pool
     pool.close()

@@ -19,6 +19,8 @@ class EnginePool:
         self._metrics_keys: set[str] = set()
         # Plain greedy outputs by (model, prompts, max_tokens): see `plain_greedy`.
         self._plain_outputs: dict[str, list[list[int]]] = {}
+        # (prompts, max_tokens) the session's modules will ask `plain_greedy` for: see there.
+        self._plain_wanted: list[tuple[list[str], int]] = []
 
     def get(self, model: str, metrics: bool = False, adaptive: bool = False, **kwargs):
         """The engine for this configuration. ``metrics=True``: the caller reads its counters
@@ -69,18 +71,33 @@ class EnginePool:
         del llm
         gc.collect()
 
+    def want_plain_greedy(self, prompts, max_tokens: int) -> None:
+        """Announce that ``plain_greedy`` will be asked for these (any model): the first call
+        for a model then computes all of them while its plain engine is there (the MTP
+        target's is pushed out between test_adaptive_engine.py and test_spec_decode_greedy.py,
+        and a rebuild costs 15-30 s on 2 cores). conftest.py announces each selected module's
+        ``PLAIN_GREEDY_BASELINES``."""
+        if (list(prompts), max_tokens) not in self._plain_wanted:
+            self._plain_wanted.append((list(prompts), max_tokens))
+
     def plain_greedy(self, model: str, prompts, max_tokens: int) -> list[list[int]]:
         """Greedy token ids of ``model`` without speculation (prefix caching off, EOS
         ignored), computed once per session: the engines built in between may push the plain
-        one out of the pool, and a rebuild costs 10-20 s on 2 cores."""
+        one out of the pool, and a rebuild costs 10-20 s on 2 cores. Each set of prompts is
+        one ``generate`` call of its own, whether asked for now or announced
+        (``want_plain_greedy``)."""
         from vllm import SamplingParams
 
         key = json.dumps([model, list(prompts), max_tokens])
         if key not in self._plain_outputs:
             llm = self.get(model, enable_prefix_caching=False)
-            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-            self._plain_outputs[key] = [list(o.outputs[0].token_ids)
-                                        for o in llm.generate(list(prompts), params)]
+            for some_prompts, some_max in [(list(prompts), max_tokens), *self._plain_wanted]:
+                some_key = json.dumps([model, some_prompts, some_max])
+                if some_key in self._plain_outputs:
+                    continue
+                params = SamplingParams(temperature=0.0, max_tokens=some_max, ignore_eos=True)
+                self._plain_outputs[some_key] = [list(o.outputs[0].token_ids)
+                                                 for o in llm.generate(some_prompts, params)]
         return self._plain_outputs[key]
 
     def close(self) -> None:

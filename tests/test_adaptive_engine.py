@@ -12,6 +12,8 @@ pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 40
 PROMPTS = SPEC_PROMPTS[6:14]  # prose, code and self-repeating text
+# Computed together for each target (tests/engine_pool.py, want_plain_greedy).
+PLAIN_GREEDY_BASELINES = [(PROMPTS, MAX_TOKENS)]
 
 
 def _greedy(llm, prompts=PROMPTS, max_tokens=MAX_TOKENS):

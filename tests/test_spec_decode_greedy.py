@@ -17,6 +17,8 @@ pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 64
 METHODS = ["ngram", "suffix", "draft_model_self", "draft_model", "eagle", "eagle3", "mtp"]
+# Computed together for each target (tests/engine_pool.py, want_plain_greedy).
+PLAIN_GREEDY_BASELINES = [(SPEC_PROMPTS, MAX_TOKENS)]
 
 # Per-position accepted-token counts and draft count of each method on SPEC_PROMPTS (greedy,
 # 64 tokens, fp32 on the CPU, adaptive drafting off: deterministic), recorded from a run of this
