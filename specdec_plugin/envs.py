@@ -19,6 +19,9 @@
   runs when it next needs its drafter (spec_decode/deferred_sync.py), or runs every step as
   vLLM does. Default: the device layer's (on for the CPU and CUDA GPUs, where it has run; off
   on NPUs until it has run on one).
+- ``SPECDEC_KV_ONLY_FLUSH=0``: deferred flushes of single-layer EAGLE / EAGLE-3 drafters run
+  the drafter's full pass (as the draft model's do) instead of writing only its KV
+  (spec_decode/drafter_kv_writer.py). Default on.
 - ``SPECDEC_RECOMPUTE_DRAFTER_BLOCK=1``: with an EAGLE / EAGLE-3 / MTP drafter, give up the
   last block of every prefix-cache hit and recompute it, as vLLM does, so that the drafter's KV
   at the hit's last position is exact. Default off: the block is kept (one position's drafter
@@ -120,6 +123,10 @@ def drafter_padding() -> bool:
 def defer_drafter_sync() -> bool:
     # Unset: "0" here; the CPU and CUDA device layers set "1" in their process_env.
     return os.environ.get("SPECDEC_DEFER_DRAFTER_SYNC", "0").strip().lower() in _TRUE
+
+
+def kv_only_flush() -> bool:
+    return os.environ.get("SPECDEC_KV_ONLY_FLUSH", "1").strip().lower() in _TRUE
 
 
 def recompute_drafter_block() -> bool:

@@ -88,10 +88,10 @@ def _token_req(token: int) -> int:
     return token // 1000
 
 
-def _run(script, sync: DeferredDrafterSync | None):
+def _run(script, sync: DeferredDrafterSync | None, kv: FakeDrafterKV | None = None):
     """Runs ``script`` (list of (batch, k) or ("forget", ids)); returns the fake KV, the
     number of passes and which steps were deferred."""
-    kv, deferred = FakeDrafterKV(), []
+    kv, deferred = kv or FakeDrafterKV(), []
     for entry in script:
         if entry[0] == "forget":
             if sync is not None:

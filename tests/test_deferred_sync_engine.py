@@ -49,19 +49,22 @@ def _recorded(worker):
     counts = None if sync is None else (sync.deferred_steps, sync.flushes, sync.dropped_tokens)
     padded_k0 = sum(1 for key, entry in drafter._draft_graphs.items()
                     if key[:2] == ("padded", 0) and entry is not None)
-    return drafter.recorded, counts, (None if sync is None else sync.depth, padded_k0)
+    kv_only = sync is not None and sync.kv_writer is not None
+    return drafter.recorded, counts, (None if sync is None else sync.depth, padded_k0, kv_only)
 
 
-_PROPOSERS = {"eagle3": "SpecDecEagleProposer", "draft_model": "SpecDecDraftModelProposer"}
+_PROPOSERS = {"eagle3": "SpecDecEagleProposer", "eagle": "SpecDecEagleProposer",
+              "draft_model": "SpecDecDraftModelProposer"}
 
 
 
 
 def _run(smollm2_path, defer: bool, prefix_caching: bool, graphs: bool = False,
-         method: str = "eagle3", step_log_path: str = ""):
+         method: str = "eagle3", step_log_path: str = "", kv_only: bool = True):
     """``graphs``: drafter graphs emulated on the host (tests/drafter_graphs_host_replay.py),
     as on a GPU: padded graphs, and flushes of at most 1+K tokens replaying them.
-    ``step_log_path``: the engine writes SPECDEC_STEP_LOG there."""
+    ``step_log_path``: the engine writes SPECDEC_STEP_LOG there. ``kv_only``: EAGLE-family
+    flushes write the drafter's KV alone (drafter_kv_writer.py) rather than run its pass."""
     from vllm import LLM, SamplingParams
 
     from specdec_plugin import step_log
@@ -78,6 +81,7 @@ def _run(smollm2_path, defer: bool, prefix_caching: bool, graphs: bool = False,
     # engines see the same batches (an engine process may start stepping after the first).
     try:
         with environ(SPECDEC_DEFER_DRAFTER_SYNC="1" if defer else "0",
+                      SPECDEC_KV_ONLY_FLUSH="1" if kv_only else "0",
                       VLLM_ENABLE_V1_MULTIPROCESSING="0", SPECDEC_STEP_LOG=step_log_path):
             step_log.reset_for_tests()  # the engine is in this process: read the variable again
             llm = LLM(model=smollm2_path, dtype="float32", max_model_len=1024, seed=0,
@@ -106,7 +110,9 @@ def runs(smollm2_path, tmp_path_factory):
     # fills is exercised too.
     out = {defer: _run(smollm2_path, defer, prefix_caching=True) for defer in (True, False)}
     log = str(tmp_path_factory.mktemp("step_log") / "steps-{pid}.jsonl")
-    out["graphs"] = _run(smollm2_path, True, prefix_caching=True, graphs=True, step_log_path=log)
+    # Full flushes, replayed from the padded graphs (KV-only flushes run no pass).
+    out["graphs"] = _run(smollm2_path, True, prefix_caching=True, graphs=True, step_log_path=log,
+                         kv_only=False)
     out["step_log"] = log.replace("{pid}", str(os.getpid()))
     return out
 
@@ -140,7 +146,22 @@ def _plain_tokens(engines, smollm2_path) -> list[list[int]]:
 
 
 def test_drafts_are_the_same_with_deferral_on_and_off(runs):
+    # EAGLE-3's flushes write its KV alone (drafter_kv_writer.py), 16 steps deep.
+    assert runs[True][3] == (16, 0, True)
     _assert_same_drafts(runs[True], runs[False])
+
+
+@pytest.fixture(scope="module")
+def eagle_runs(smollm2_path):
+    return {defer: _run(smollm2_path, defer, prefix_caching=False, method="eagle")
+            for defer in (True, False)}
+
+
+def test_eagle_kv_only_flushes_draft_as_vllm_does(eagle_runs):
+    # EAGLE's first layer reads fc over embeddings and hidden states (llama_eagle.py), where
+    # EAGLE-3's reads two norms side by side: the writer has one attention input for each.
+    assert eagle_runs[True][3] == (16, 0, True)
+    _assert_same_drafts(eagle_runs[True], eagle_runs[False])
 
 
 @pytest.fixture(scope="module")
@@ -167,11 +188,12 @@ def test_greedy_output_equals_no_speculation(runs, engines, smollm2_path):
 def _assert_padded_flushes_draft_as_eager(run_graphs, run_off) -> None:
     """With drafter graphs (emulated on the host, as on a GPU), a request keeps at most 1+K
     tokens and its flush replays the padded k = 0 graph. Against eager, no deferral."""
-    tokens, recorded, counts, (depth, padded_k0) = run_graphs
+    tokens, recorded, counts, (depth, padded_k0, kv_only) = run_graphs
     tokens_off, recorded_off, _, _ = run_off
     print(f"graphs: depth {depth}, {padded_k0} padded k = 0 graphs, deferred/flushes/dropped "
           f"{counts}")
     assert depth == K + 1 and padded_k0 > 0 and counts[0] > 20 and counts[1] > 5, counts
+    assert not kv_only
     assert tokens == tokens_off
     assert [(k, ids) for k, ids, _ in recorded] == [(k, ids) for k, ids, _ in recorded_off]
     mismatched = [i for i, (k, _, d) in enumerate(recorded_off) if k > 0 and recorded[i][2] != d]

@@ -43,6 +43,10 @@ padded k = 0 graph recorded at start, elsewhere it runs eagerly); the step's own
 runs as before. At a
 step that drafts after deferral that is two drafter passes where vLLM runs one, against the
 n skipped ones. Merging the kept tokens into the step's own pass would save one more.
+Single-layer EAGLE-family drafters instead write only their KV (drafter_kv_writer.py: the
+layer's attention input, qkv, rotary and the cache write, about ten launches run eagerly,
+with none of the pass's attention, MLP or graph bookkeeping), so their depth is
+``KV_ONLY_DEPTH`` on every device.
 
 Device-agnostic torch; the host builds the gather indices from what it already knows (which
 requests are in the step, how many tokens each kept), so nothing is read back from the device.
@@ -64,6 +68,10 @@ logger = init_logger(__name__)
 # ``depth`` tokens per request instead of ``depth`` passes over one; past a few, the saving
 # grows little (1/depth of a pass per step) while the buffers grow linearly.
 DEFAULT_DEPTH = 8
+# With KV-only flushes (drafter_kv_writer.py) a flush is a few eager launches whatever its
+# length, so it may come less often; the buffers stay within KV_ONLY_BUFFER_BYTES.
+KV_ONLY_DEPTH = 16
+KV_ONLY_BUFFER_BYTES = 256 * 2**20
 
 
 class DeferredDrafterSync:
@@ -86,6 +94,10 @@ class DeferredDrafterSync:
         self._count = np.zeros(max_reqs, dtype=np.int64)  # tokens kept per buffer row
         self._rows_key: tuple | None = None  # the batch whose buffer rows are ``_rows``
         self._rows = np.zeros(0, dtype=np.int64)
+        # KV-only flushes (attach_kv_writer); ``full_flush_depth``: the depth a full pass fits.
+        self.kv_writer: Callable[..., None] | None = None
+        self.wants_kv_writer = False
+        self.full_flush_depth = depth
         # Read by tests and benchmarks.
         self.deferred_steps = 0
         self.flushes = 0
@@ -94,6 +106,13 @@ class DeferredDrafterSync:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size()
                    for t in (self.token_ids, self.positions, self.slot_mapping, self.hidden))
+
+    def attach_kv_writer(self, writer: Callable[..., None] | None) -> None:
+        """At drafter load, before any step: the KV-only writer, or None (the drafter could
+        not get one after all), which brings the depth back to what a full pass fits."""
+        self.kv_writer = writer
+        if writer is None:
+            self.depth = min(self.depth, self.full_flush_depth)
 
     # ---- request lifetime ----
     def pending(self, req_id: str) -> int:
@@ -208,6 +227,13 @@ class DeferredDrafterSync:
         # batch rows flushed and the first target token of each (the successor of its last
         # kept token).
         first_np = qsl_cpu[:-1].numpy().astype(np.int64)[sel_np]
+        if self.kv_writer is not None:
+            self._write_kv_only(gather, counts, first_np, kwargs["target_token_ids"])
+            self._count[buf_rows] = 0
+            self.flushes += 1
+            step_log.record("flush", reqs=int(sel_np.size), tokens=int(gather.size),
+                            kv_only=True)
+            return
         packed = self._to_device(np.concatenate([gather, sel_np, first_np]))
         gather_d = packed[:gather.size]
         sel = packed[gather.size:gather.size + sel_np.size]
@@ -259,6 +285,26 @@ class DeferredDrafterSync:
         self._count[buf_rows] = 0
         self.flushes += 1
         step_log.record("flush", reqs=int(sel_np.size), tokens=int(qsl_np[-1]))
+
+    def _write_kv_only(self, gather: np.ndarray, counts: np.ndarray, first: np.ndarray,
+                       step_token_ids: torch.Tensor) -> None:
+        """The kept tokens' drafter KV through ``kv_writer``. Each kept token's input id is
+        its successor, as in vLLM's first pass: the next kept token of its row, or for the
+        row's last the step's first target token (``first``: its index in the step)."""
+        n, rows = gather.size, counts.size
+        last = np.cumsum(counts) - 1  # each row's last kept token, in gather order
+        succ = gather + 1
+        succ[last] = gather[last]  # a slot in the buffer; replaced below
+        # One host-to-device copy for every index (see _flush).
+        packed = self._to_device(np.concatenate([gather, succ, last, first]))
+        gather_d, succ_d = packed[:n], packed[n:2 * n]
+        last_d, first_d = packed[2 * n:2 * n + rows], packed[2 * n + rows:]
+        input_ids = self.token_ids.index_select(0, succ_d)
+        input_ids.index_copy_(0, last_d,
+                              step_token_ids.index_select(0, first_d).to(input_ids.dtype))
+        self.kv_writer(input_ids, self.positions.index_select(0, gather_d),
+                       self.hidden.index_select(0, gather_d),
+                       self.slot_mapping.index_select(0, gather_d))
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(
@@ -315,6 +361,14 @@ def make_deferred_sync(drafter, runner) -> DeferredDrafterSync | None:
     depth = min(depth, drafter.max_num_tokens // max(max_reqs, 1))
     if depth < 2:
         return None
+    full_flush_depth = depth
+    kv_only = kv_only_flush(config)
+    if kv_only:
+        # The writer is attached at load (drafter_graphs.py); a KV-only flush runs no pass.
+        per_token = (drafter._target_hidden_width() * config.model_config.dtype.itemsize
+                     + 4 + 8 + 8)  # hidden states, token id, position, slot
+        depth = max(depth, min(KV_ONLY_DEPTH,
+                               KV_ONLY_BUFFER_BYTES // (per_token * max(max_reqs, 1))))
     from specdec_plugin.adaptive.config import adaptive_enabled
 
     sync = DeferredDrafterSync(
@@ -324,10 +378,29 @@ def make_deferred_sync(drafter, runner) -> DeferredDrafterSync | None:
         # the prefix cache (below); under another scheduler, flush before a block fills.
         flush_before_block_fills=bool(config.cache_config.enable_prefix_caching)
         and not adaptive_enabled(config))
+    sync.full_flush_depth, sync.wants_kv_writer = full_flush_depth, kv_only
     logger.info("specdec_plugin: drafter passes of steps that draft nothing are deferred (up "
-                "to %d steps per request, %.1f MiB of buffers); SPECDEC_DEFER_DRAFTER_SYNC=0 "
-                "turns this off", depth, sync.nbytes() / 2**20)
+                "to %d steps per request, %.1f MiB of buffers%s); SPECDEC_DEFER_DRAFTER_SYNC=0 "
+                "turns this off", depth, sync.nbytes() / 2**20,
+                ", flushes write the drafter's KV only" if kv_only else "")
     return sync
+
+
+def kv_only_flush(vllm_config) -> bool:
+    """Whether deferred flushes write the drafter's KV alone (drafter_kv_writer.py): single-
+    layer EAGLE-family drafters of a registered architecture, unless SPECDEC_KV_ONLY_FLUSH=0."""
+    from specdec_plugin import envs
+    from specdec_plugin.spec_decode.drafter_kv_writer import kv_only_applies
+
+    spec = vllm_config.speculative_config
+    if spec is None or not spec.use_eagle() or not envs.kv_only_flush():
+        return False
+    draft = getattr(spec, "draft_model_config", None)
+    if draft is None:
+        return False
+    return kv_only_applies(getattr(draft.hf_config, "architectures", None),
+                           getattr(draft.hf_config, "num_hidden_layers", 0),
+                           vllm_config.cache_config.cache_dtype)
 
 
 def host_seq_lens(runner, cad: CommonAttentionMetadata) -> np.ndarray | None:
@@ -363,7 +436,8 @@ def uncache_window(vllm_config) -> int | None:
     k = spec.num_speculative_tokens or 0
     # The deepest buffer (make_deferred_sync), plus the drafts in flight under async
     # scheduling, when the host's count of computed tokens runs ahead of the worker's.
-    return max(DEFAULT_DEPTH, 1 + k) + k + 1
+    deepest = max(DEFAULT_DEPTH, 1 + k, KV_ONLY_DEPTH if kv_only_flush(vllm_config) else 0)
+    return deepest + k + 1
 
 
 def tail_block_ids(block_ids: Sequence[Sequence[int]], num_computed: int, block_size: int,

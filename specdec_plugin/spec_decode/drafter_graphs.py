@@ -60,6 +60,7 @@ from specdec_plugin.spec_decode.deferred_sync import (
     inserts_next_token_slot,
     make_deferred_sync,
 )
+from specdec_plugin.spec_decode.drafter_kv_writer import make_kv_writer
 from specdec_plugin.spec_decode.drafter_padding import PaddedDraftInputs
 from specdec_plugin.spec_decode.graph_memory import (
     GraphMemoryBudget,
@@ -239,6 +240,9 @@ class DrafterGraphs:
     # ---- vLLM's hooks ----
     def load_model(self, target_model) -> None:
         super().load_model(target_model)
+        sync = self._deferred_sync
+        if sync is not None and sync.wants_kv_writer:  # deferred_sync.py: KV-only flushes
+            sync.attach_kv_writer(make_kv_writer(self.model))
         # Decided once here, where reading the draft map from the device is allowed (inside a
         # graph recording it would not be).
         self._local_draft_argmax = self._drafts_argmax_locally()
