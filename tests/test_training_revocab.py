@@ -38,7 +38,11 @@ def test_revocab_keeps_layers_and_shared_rows():
     old_col = {int(t): i for i, t in enumerate(old_ids)}
     for j, t in enumerate(new_ids.tolist()):
         if t in old_col:
-            assert torch.allclose(new_logits[:, j], old_logits[:, old_col[t]]), t
+            # The row itself is the old head's, bit for bit; its logits agree up to the float
+            # rounding of two matrix products of different widths (allclose's default atol of
+            # 1e-8 failed about 1 run in 130 on near-zero logits).
+            assert torch.equal(new.lm_head.weight[j], old.lm_head.weight[old_col[t]]), t
+            torch.testing.assert_close(new_logits[:, j], old_logits[:, old_col[t]])
         else:
             assert torch.equal(new.lm_head.weight[j], target.model.embed_tokens.weight[t].detach()), t
     shared = sum(int(t) in old_col for t in new_ids)
