@@ -114,23 +114,27 @@ def _sync(depth=DEPTH, block_size=16, flush_before_block_fills=False, max_reqs=4
                                block_size, flush_before_block_fills)
 
 
+# Requests join, leave, swap rows, prefill, overflow their buffers, draft and verify.
+SCRIPT = [
+    ([("A", 0, 3), ("B", 0, 2)], 0),            # prefills: their own pass
+    ([("A", 3, 1), ("B", 2, 1)], 0),            # deferred
+    ([("B", 3, 1), ("A", 4, 1)], 0),            # deferred, rows swapped
+    ([("A", 5, 1)], 0),                         # B not scheduled: keeps its tokens
+    ([("C", 0, 4), ("B", 4, 1), ("A", 6, 1)], 0),  # C prefills: A and B flushed first
+    ([("A", 7, 1), ("C", 4, 1), ("B", 5, 1)], 0),
+    ([("A", 8, 1), ("C", 5, 1), ("B", 6, 1)], 0),
+    ([("A", 9, 1), ("C", 6, 1), ("B", 7, 1)], 0),
+    ([("A", 10, 1), ("C", 7, 1), ("B", 8, 1)], 0),  # buffers full: flush, then keep
+    ([("C", 8, 1), ("A", 11, 1)], 0),
+    ([("C", 9, 1), ("A", 12, 1), ("B", 9, 1)], 2),  # drafts: flush, then its own pass
+    ([("A", 13, 3), ("C", 10, 1), ("B", 10, 1)], 0),  # a verification (3 tokens): no deferral
+    ([("A", 14, 1), ("C", 11, 1), ("B", 11, 1)], 0),
+    ([("A", 15, 1), ("C", 12, 1), ("B", 12, 1)], 1),
+]
+
+
 def test_deferred_passes_write_the_same_kv_as_every_step():
-    script = [
-        ([("A", 0, 3), ("B", 0, 2)], 0),            # prefills: their own pass
-        ([("A", 3, 1), ("B", 2, 1)], 0),            # deferred
-        ([("B", 3, 1), ("A", 4, 1)], 0),            # deferred, rows swapped
-        ([("A", 5, 1)], 0),                         # B not scheduled: keeps its tokens
-        ([("C", 0, 4), ("B", 4, 1), ("A", 6, 1)], 0),  # C prefills: A and B flushed first
-        ([("A", 7, 1), ("C", 4, 1), ("B", 5, 1)], 0),
-        ([("A", 8, 1), ("C", 5, 1), ("B", 6, 1)], 0),
-        ([("A", 9, 1), ("C", 6, 1), ("B", 7, 1)], 0),
-        ([("A", 10, 1), ("C", 7, 1), ("B", 8, 1)], 0),  # buffers full: flush, then keep
-        ([("C", 8, 1), ("A", 11, 1)], 0),
-        ([("C", 9, 1), ("A", 12, 1), ("B", 9, 1)], 2),  # drafts: flush, then its own pass
-        ([("A", 13, 3), ("C", 10, 1), ("B", 10, 1)], 0),  # a verification (3 tokens): no deferral
-        ([("A", 14, 1), ("C", 11, 1), ("B", 11, 1)], 0),
-        ([("A", 15, 1), ("C", 12, 1), ("B", 12, 1)], 1),
-    ]
+    script = SCRIPT
     sync = _sync()
     got, deferred = _run(script, sync)
     want, _ = _run(script, None)

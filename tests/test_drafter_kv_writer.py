@@ -7,7 +7,7 @@ fake KV equals that of a run passing every step. The engine tests
 (tests/test_deferred_sync_engine.py) check the real writer's drafts against deferral off."""
 from __future__ import annotations
 
-from tests.test_deferred_sync import FakeDrafterKV, _run, _step_kwargs, _sync, _token
+from tests.test_deferred_sync import SCRIPT, FakeDrafterKV, _run, _step_kwargs, _sync, _token
 
 
 class FakeKVWriter:
@@ -21,25 +21,6 @@ class FakeKVWriter:
         for i, p, h, s in zip(input_ids.tolist(), positions.tolist(), hidden.tolist(),
                               slot_mapping.tolist()):
             self.kv.kv[s] = (i, p, tuple(h))
-
-
-SCRIPT = [
-    ([("A", 0, 3), ("B", 0, 2)], 0),
-    ([("A", 3, 1), ("B", 2, 1)], 0),
-    ([("B", 3, 1), ("A", 4, 1)], 0),                # rows swapped
-    ([("A", 5, 1)], 0),                             # B not scheduled: keeps its tokens
-    ([("C", 0, 4), ("B", 4, 1), ("A", 6, 1)], 0),   # C prefills: A and B flushed first
-    ([("A", 7, 1), ("C", 4, 1), ("B", 5, 1)], 0),
-    ([("A", 8, 1), ("C", 5, 1), ("B", 6, 1)], 0),
-    ([("A", 9, 1), ("C", 6, 1), ("B", 7, 1)], 0),
-    ([("A", 10, 1), ("C", 7, 1), ("B", 8, 1)], 0),  # buffers full: flush, then keep
-    ([("C", 8, 1), ("A", 11, 1)], 0),
-    ([("C", 9, 1), ("A", 12, 1), ("B", 9, 1)], 2),  # drafts: flush, then its own pass
-    ("forget", ["C"]),
-    ([("A", 13, 3), ("B", 10, 1)], 0),              # a verification: no deferral
-    ([("A", 14, 1), ("B", 11, 1)], 0),
-    ([("B", 12, 1), ("A", 15, 1)], 1),
-]
 
 
 def _run_with_writer(sync):
