@@ -46,6 +46,23 @@ def texts_of_pinned(server) -> list[str]:
     return [r.texts[0] for r in results]
 
 
+# The fixed prompts' texts from fresh servers, by server configuration (``config_key``): a
+# module that starts a plain server anyway records them there for a later module that needs
+# them as its reference (the CPU soak), which then starts no server of its own (about 45 s on
+# 2 cores). Recorded right after the start, before any other request: a fresh server, as the
+# reader's own would be.
+_FRESH_TEXTS: dict[tuple, list[str]] = {}
+
+
+def record_fresh_texts(server) -> None:
+    _FRESH_TEXTS[server.config_key] = texts_of_pinned(server)
+
+
+def recorded_fresh_texts(server) -> list[str] | None:
+    """The texts recorded from a fresh server configured as ``server`` (not started), or None."""
+    return _FRESH_TEXTS.get(server.config_key)
+
+
 def complete(server, body: dict) -> dict:
     with httpx.Client(timeout=120, trust_env=False) as client:
         resp = client.post(server.base_url + "/v1/completions", content=json.dumps(body),

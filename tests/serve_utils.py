@@ -5,7 +5,8 @@ answers ``/health``, stop it with a signal and report how it ended.
 - ``port_is_listening(port, host="127.0.0.1") -> bool``.
 - ``VllmServer(model, extra_args=(), log_path=..., env=None)``: ``start()``,
   ``wait_ready(timeout_s)``, ``base_url``, ``log_tail(lines)``, ``stop(timeout_s) -> int``,
-  ``process_tree()`` (the server and every descendant, as psutil processes).
+  ``process_tree()`` (the server and every descendant, as psutil processes), ``config_key``
+  (the command and extra environment, port aside).
 - ``started_server(model, extra_args, log_path, env=None, timeout_s=300) -> VllmServer``:
   started and healthy, or killed with the log tail in the error.
 - ``metric_totals(base_url) -> dict``: every ``vllm:`` Prometheus sample summed over its labels.
@@ -92,9 +93,18 @@ class VllmServer:
             "--host", "127.0.0.1", "--port", str(self.port),
             *extra_args,
         ]
-        self.env = {**os.environ, **(env or {})}
+        self.extra_env = dict(env or {})
+        self.env = {**os.environ, **self.extra_env}
         self.process: subprocess.Popen | None = None
         self._log_file = None
+
+    @property
+    def config_key(self) -> tuple:
+        """What this server was started with, its port aside: equal keys, equal servers."""
+        command = list(self.command)
+        at = command.index("--port")
+        del command[at:at + 2]
+        return tuple(command), tuple(sorted(self.extra_env.items()))
 
     @property
     def base_url(self) -> str:

@@ -8,6 +8,7 @@ stops it, so it comes after every test that sends requests to it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -81,8 +82,17 @@ def _start_server(tmp_path_factory, name: str, extra_args=(), env=None) -> VllmS
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, request):
     srv = _start_server(tmp_path_factory, "serve")
+    if any("texts_without_speculation" in getattr(item, "fixturenames", ())
+           for item in request.session.items):
+        # The CPU soak's reference, from this fresh server (its arguments are the soak's plain
+        # server's): test_serve_under_load.py then starts no server for it (serve_soak.py).
+        # A failure here records nothing: that module then starts its own and reports it.
+        from tests.serve_soak import record_fresh_texts
+
+        with contextlib.suppress(Exception):
+            record_fresh_texts(srv)
     yield srv
     # Normally test_sigterm_shuts_down_cleanly has stopped it already; if that test was not
     # selected, the clean-shutdown check still runs here.

@@ -26,8 +26,9 @@ import pytest
 from tests.bad_requests import bad_requests
 from tests.prompts import SPEC_PROMPTS
 from tests.serve_load import greedy_completion
-from tests.serve_soak import PINNED_TOKENS, assert_serving, complete, soak, texts_of_pinned
-from tests.serve_utils import started_server, still_running
+from tests.serve_soak import (PINNED_TOKENS, assert_serving, complete, recorded_fresh_texts, soak,
+                              texts_of_pinned)
+from tests.serve_utils import VllmServer, started_server, still_running
 from tests.spec_configs import spec_config
 
 pytestmark = pytest.mark.slow
@@ -64,9 +65,14 @@ def spec_server(tmp_path_factory, smollm2_path):
 
 @pytest.fixture(scope="module")
 def texts_without_speculation(tmp_path_factory, smollm2_path) -> list[str]:
-    """The fixed greedy prompts' texts from a server without speculative decoding."""
-    server = started_server(smollm2_path,
-                            log_path=tmp_path_factory.mktemp("serve_plain") / "server.log")
+    """The fixed greedy prompts' texts from a fresh server without speculative decoding: the
+    one test_serve.py started with the same arguments, when it ran in this session and
+    recorded them (tests/serve_soak.py), else one started here."""
+    log_path = tmp_path_factory.mktemp("serve_plain") / "server.log"
+    recorded = recorded_fresh_texts(VllmServer(smollm2_path, log_path=log_path))
+    if recorded is not None:
+        return recorded
+    server = started_server(smollm2_path, log_path=log_path)
     try:
         return texts_of_pinned(server)
     finally:
