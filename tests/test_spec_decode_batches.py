@@ -23,6 +23,39 @@ def _greedy_ids(llm, prompts, max_tokens):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
+@pytest.fixture(scope="module")
+def long_spec_llm(engines, smollm2_path):
+    # K = 10, a short context, and a KV cache of about 600 tokens: long requests run into
+    # max_model_len mid-speculation and, together, do not fit and get preempted.
+    spec = {"method": "ngram", "num_speculative_tokens": 10, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    return engines.get(smollm2_path, metrics=True, enable_prefix_caching=False, disable_log_stats=False,
+                       max_model_len=256, kv_cache_memory_bytes=28 * 1024 * 1024,
+                       max_num_seqs=8, speculative_config=spec)
+
+
+def test_length_limit_mid_speculation(long_spec_llm):
+    from vllm import SamplingParams
+
+    # Repetitive text keeps the n-gram drafter proposing long drafts up to the limit.
+    prompt = "1 2 3 4 5 6 7 8 9 10 " * 8
+    outs = long_spec_llm.generate([prompt] * 2, SamplingParams(temperature=0.0, max_tokens=1000))
+    for out in outs:
+        assert out.outputs[0].finish_reason == "length"
+        assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == 256
+
+
+def test_preemption_loses_nothing(long_spec_llm, baseline_llm):
+    prompts = SPEC_PROMPTS[:8]
+    before = counters(long_spec_llm)
+    got = _greedy_ids(long_spec_llm, prompts, 150)
+    preempted = counter_delta(before, counters(long_spec_llm), "vllm:num_preemptions")
+    assert preempted > 0, "the KV cache was big enough: this test did not preempt anything"
+    assert got == _greedy_ids(baseline_llm, prompts, 150)
+
+
+# The n-gram engine's tests last, mixed batch first: the metrics test then reads counters of
+# the newest engine (tests/engine_pool.py) without a rebuild, and so does
+# test_spec_decode_greedy.py's n-gram case, which runs next in a full session.
 def test_mixed_batch_with_speculation(engines, smollm2_path, baseline_llm):
     """Greedy, temperature, top-p/top-k, penalties, logprobs, stop strings and n>1 in one batch:
     nothing crashes, every request is answered as asked, greedy requests still match."""
@@ -56,36 +89,6 @@ def test_mixed_batch_with_speculation(engines, smollm2_path, baseline_llm):
     stopped = outs[5].outputs[0]
     assert "\n" not in stopped.text and stopped.finish_reason in ("stop", "length")
     assert len(outs[6].outputs) == 3 and all(len(c.token_ids) == 24 for c in outs[6].outputs)
-
-
-@pytest.fixture(scope="module")
-def long_spec_llm(engines, smollm2_path):
-    # K = 10, a short context, and a KV cache of about 600 tokens: long requests run into
-    # max_model_len mid-speculation and, together, do not fit and get preempted.
-    spec = {"method": "ngram", "num_speculative_tokens": 10, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-    return engines.get(smollm2_path, metrics=True, enable_prefix_caching=False, disable_log_stats=False,
-                       max_model_len=256, kv_cache_memory_bytes=28 * 1024 * 1024,
-                       max_num_seqs=8, speculative_config=spec)
-
-
-def test_length_limit_mid_speculation(long_spec_llm):
-    from vllm import SamplingParams
-
-    # Repetitive text keeps the n-gram drafter proposing long drafts up to the limit.
-    prompt = "1 2 3 4 5 6 7 8 9 10 " * 8
-    outs = long_spec_llm.generate([prompt] * 2, SamplingParams(temperature=0.0, max_tokens=1000))
-    for out in outs:
-        assert out.outputs[0].finish_reason == "length"
-        assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == 256
-
-
-def test_preemption_loses_nothing(long_spec_llm, baseline_llm):
-    prompts = SPEC_PROMPTS[:8]
-    before = counters(long_spec_llm)
-    got = _greedy_ids(long_spec_llm, prompts, 150)
-    preempted = counter_delta(before, counters(long_spec_llm), "vllm:num_preemptions")
-    assert preempted > 0, "the KV cache was big enough: this test did not preempt anything"
-    assert got == _greedy_ids(baseline_llm, prompts, 150)
 
 
 def test_acceptance_metrics_are_consistent(engines, smollm2_path):
