@@ -1,10 +1,11 @@
 """What speculation costs on CPU when every draft misses: EAGLE-3 with deferred drafter KV sync
-on and off, against plain decoding (issue 11, spec_decode/deferred_sync.py).
+off, on with full flushes and on with KV-only flushes, against plain decoding (issue 11,
+spec_decode/deferred_sync.py, spec_decode/drafter_kv_writer.py).
 
-Three engines live side by side (SmolLM2 fp32; EAGLE-3 with vLLM's synthetic rejection at
+Four engines live side by side (SmolLM2 fp32; EAGLE-3 with vLLM's synthetic rejection at
 acceptance length 1.0, so every draft token is rejected and the adaptive controller drafts
 nothing but its probes), and each round times one ``generate`` on each, in rotating order,
-so load from other processes falls on all three alike. Prints ms per decode step (wall time
+so load from other processes falls on all of them alike. Prints ms per decode step (wall time
 of the call / max_tokens) per engine, the median over rounds, and the ratio to plain.
 
     python benchmarks/bench_deferred_sync_cpu.py [--batch 1,8] [--rounds 5] [--max-tokens 96]
@@ -45,11 +46,12 @@ def _take_timing(worker):
     return seconds, calls, None if sync is None else (sync.deferred_steps, sync.flushes)
 
 
-def build(smollm2: str, spec: dict | None, defer: bool):
+def build(smollm2: str, spec: dict | None, defer: bool, kv_only: bool = True):
     from vllm import LLM
 
     os.environ["SPECDEC_ADAPTIVE"] = "1"
     os.environ["SPECDEC_DEFER_DRAFTER_SYNC"] = "1" if defer else "0"
+    os.environ["SPECDEC_KV_ONLY_FLUSH"] = "1" if kv_only else "0"
     return LLM(model=smollm2, dtype="float32", max_model_len=1024, seed=0,
                enable_prefix_caching=False, speculative_config=spec)
 
@@ -72,21 +74,24 @@ def main() -> None:
             "synthetic_acceptance_length": 1.0}
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # callables to the workers
     engines = {"plain": build(smollm2, None, False), "defer_off": build(smollm2, spec, False),
+               "defer_full_flush": build(smollm2, spec, True, kv_only=False),
                "defer_on": build(smollm2, spec, True)}
-    for name in ("defer_off", "defer_on"):
+    timed = ("defer_off", "defer_full_flush", "defer_on")
+    for name in timed:
         engines[name].collective_rpc(_time_drafter)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     words = ["river", "market", "winter", "garden", "station", "letter", "harbor", "forest"]
     results = {}
     for batch in (int(b) for b in args.batch.split(",")):
         times = {name: [] for name in engines}
-        drafter_ms = {"defer_off": [], "defer_on": []}
+        drafter_ms = {name: [] for name in timed}
         stats = {}
         names = list(engines)
         for r in range(args.rounds + 1):  # round 0 warms up
             prompts = [f"Write a short story about a {words[(i + r) % len(words)]} "
                        f"(take {r}, reader {i})." for i in range(batch)]
-            for name in names[r % 3:] + names[:r % 3]:
+            turn = r % len(names)
+            for name in names[turn:] + names[:turn]:
                 start = time.perf_counter()
                 engines[name].generate(prompts, params, use_tqdm=False)
                 if name in drafter_ms:
@@ -98,10 +103,12 @@ def main() -> None:
         med = {name: statistics.median(t) for name, t in times.items()}
         drafter_med = {name: statistics.median(t) for name, t in drafter_ms.items()}
         results[batch] = {"ms_per_step": times, "median": med, "drafter_ms_per_step": drafter_ms,
-                          "drafter_median": drafter_med, "defer_on_stats": stats["defer_on"]}
+                          "drafter_median": drafter_med, "defer_on_stats": stats["defer_on"],
+                          "defer_full_flush_stats": stats["defer_full_flush"]}
         print(f"batch {batch}: drafter propose per step: " + ", ".join(
             f"{name} {v:.3f} ms" for name, v in drafter_med.items())
-            + f"  (defer_on deferred steps, flushes so far: {stats['defer_on']})", flush=True)
+            + f"  (deferred steps, flushes so far: KV-only {stats['defer_on']}, full "
+            f"{stats['defer_full_flush']})", flush=True)
         print(f"batch {batch}: " + ", ".join(
             f"{name} {med[name]:.2f} ms/step ({med[name] / med['plain']:.3f}x plain)"
             for name in engines) + "  rounds: " + json.dumps(
