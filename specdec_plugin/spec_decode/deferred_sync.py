@@ -208,7 +208,8 @@ class DeferredDrafterSync:
         self.deferred_steps += 1
 
     def _flush(self, rows, kwargs, run_pass) -> None:
-        """One vLLM ``propose`` (k = 0) over the kept tokens of this step's requests."""
+        """Writes the drafter KV of the kept tokens of this step's requests: through
+        ``kv_writer`` where there is one, else one vLLM ``propose`` (k = 0) over them."""
         counts_all = np.where(rows >= 0, self._count[np.maximum(rows, 0)], 0)
         sel_np = np.flatnonzero(counts_all > 0)  # batch rows with kept tokens
         if not sel_np.size:
@@ -220,20 +221,26 @@ class DeferredDrafterSync:
         offsets = np.arange(int(counts.max()))
         kept = offsets[None, :] < counts[:, None]
         gather = (buf_rows[:, None] * self.depth + offsets[None, :])[kept]
-        qsl_cpu = cad.query_start_loc_cpu[:len(rows) + 1]
-        query_lens_cpu = (qsl_cpu[1:] - qsl_cpu[:-1])
-        # One host-to-device copy for every index the flush needs (each is a launch and, from
-        # pageable memory, a staging copy on the host): the kept tokens' buffer slots, the
-        # batch rows flushed and the first target token of each (the successor of its last
-        # kept token).
-        first_np = qsl_cpu[:-1].numpy().astype(np.int64)[sel_np]
+        # Each flushed row's first target token in the step: the successor of its last kept
+        # token.
+        first_np = cad.query_start_loc_cpu[:-1].numpy().astype(np.int64)[sel_np]
         if self.kv_writer is not None:
             self._write_kv_only(gather, counts, first_np, kwargs["target_token_ids"])
-            self._count[buf_rows] = 0
-            self.flushes += 1
-            step_log.record("flush", reqs=int(sel_np.size), tokens=int(gather.size),
-                            kv_only=True)
-            return
+        else:
+            self._run_full_pass(rows, sel_np, counts, gather, first_np, kwargs, run_pass)
+        self._count[buf_rows] = 0
+        self.flushes += 1
+        step_log.record("flush", reqs=int(sel_np.size), tokens=int(gather.size),
+                        kv_only=self.kv_writer is not None)
+
+    def _run_full_pass(self, rows, sel_np, counts, gather, first_np, kwargs, run_pass) -> None:
+        """vLLM's ``propose`` (k = 0) over the kept tokens (``gather``, in batch-row order)."""
+        cad: CommonAttentionMetadata = kwargs["common_attn_metadata"]
+        qsl_cpu = cad.query_start_loc_cpu[:len(rows) + 1]
+        query_lens_cpu = (qsl_cpu[1:] - qsl_cpu[:-1])
+        # One host-to-device copy for every index the pass needs (each is a launch and, from
+        # pageable memory, a staging copy on the host): the kept tokens' buffer slots, the
+        # batch rows flushed and the first target token of each.
         packed = self._to_device(np.concatenate([gather, sel_np, first_np]))
         gather_d = packed[:gather.size]
         sel = packed[gather.size:gather.size + sel_np.size]
@@ -282,9 +289,6 @@ class DeferredDrafterSync:
             num_rejected_tokens_gpu=None,
             slot_mappings=None,
         )
-        self._count[buf_rows] = 0
-        self.flushes += 1
-        step_log.record("flush", reqs=int(sel_np.size), tokens=int(qsl_np[-1]))
 
     def _write_kv_only(self, gather: np.ndarray, counts: np.ndarray, first: np.ndarray,
                        step_token_ids: torch.Tensor) -> None:
@@ -295,7 +299,7 @@ class DeferredDrafterSync:
         last = np.cumsum(counts) - 1  # each row's last kept token, in gather order
         succ = gather + 1
         succ[last] = gather[last]  # a slot in the buffer; replaced below
-        # One host-to-device copy for every index (see _flush).
+        # One host-to-device copy for every index (see _run_full_pass).
         packed = self._to_device(np.concatenate([gather, succ, last, first]))
         gather_d, succ_d = packed[:n], packed[n:2 * n]
         last_d, first_d = packed[2 * n:2 * n + rows], packed[2 * n + rows:]
