@@ -45,6 +45,11 @@
 - ``SPECDEC_ADAPTIVE_RESUME_GAIN=<fraction>``: how much more throughput than a plain step
   drafting must promise before the adaptive controller, once off, drafts again (default 0.10;
   adaptive/policy.py, hysteresis). ``0`` restores the earlier rule (the same 3% either way).
+- ``SPECDEC_ADAPTIVE_PROBE_BUDGET=<fraction>``: while the adaptive controller drafts nothing,
+  its first probe comes after enough plain steps that the probe's extra step time, by the cost
+  table, is at most this share of theirs (default 0.005; never sooner than 16 steps;
+  adaptive/controller.py). ``0``: the first probe after 16 plain steps at every batch size,
+  as before.
 - ``SPECDEC_ADAPTIVE_PROTECT=<quantile>``: the adaptive controller drafts only where the
   request at this quantile of expected acceptance (0.25: the least accepting quarter's best)
   is expected to be no slower than with a plain step (adaptive/policy.py). Unset (default):
@@ -205,6 +210,17 @@ def adaptive_resume_gain() -> float:
                     "such as 0.1 (drafting must promise 10% more tokens per second than a plain "
                     "step to resume)", f"unset it for the default {RESUME_GAIN}")
     return RESUME_GAIN if value is None else value
+
+
+def adaptive_probe_budget() -> float:
+    from specdec_plugin.adaptive.controller import PROBE_BUDGET
+
+    value = _number("SPECDEC_ADAPTIVE_PROBE_BUDGET",
+                    os.environ.get("SPECDEC_ADAPTIVE_PROBE_BUDGET", ""), 0.0, 1.0,
+                    "such as 0.005 (probes may cost half a percent of the plain steps' time; 0: "
+                    "a probe every 16 plain steps at first, whatever it costs)",
+                    f"unset it for the default {PROBE_BUDGET}")
+    return PROBE_BUDGET if value is None else value
 
 
 def adaptive_protect() -> float | None:

@@ -358,7 +358,8 @@ def test_a_bad_controller_setting_fails_where_the_config_is_built(monkeypatch):
     good = config()
     apply_adaptive(good)
     assert good.scheduler_config.scheduler_cls.endswith("AdaptiveAsyncScheduler")
-    for name in ("SPECDEC_ADAPTIVE_RESUME_GAIN", "SPECDEC_ADAPTIVE_PROTECT"):
+    for name in ("SPECDEC_ADAPTIVE_RESUME_GAIN", "SPECDEC_ADAPTIVE_PROTECT",
+                 "SPECDEC_ADAPTIVE_PROBE_BUDGET"):
         monkeypatch.setenv(name, "often")
         bad = config()
         with pytest.raises(ValueError, match=name):

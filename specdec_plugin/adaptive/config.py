@@ -83,6 +83,7 @@ def apply_adaptive(vllm_config) -> None:
     # The controller's settings are read again in the engine process; read here, where the
     # config is built, a bad value fails before any model is loaded.
     envs.adaptive_resume_gain()
+    envs.adaptive_probe_budget()
     _check_observed_cost_methods()
     _check_observed_estimator()
     envs.adaptive_protect()

@@ -1,0 +1,92 @@
+"""The adaptive controller's probes while it drafts nothing: how soon the first one comes.
+
+A probe verifies one draft token per request. At batch 1 that costs a few percent of a step;
+at batch 64 on an H200 it cost 1.9 ms over a 5.1 ms plain step (BENCHMARKS.md, session 32),
+so the first probe interval grows with the probe's cost (``first_probe_every``)."""
+from __future__ import annotations
+
+import pytest
+
+from specdec_plugin.adaptive.controller import (
+    FIRST_PROBE_EVERY,
+    MAX_PROBE_EVERY,
+    PROBE_BUDGET,
+    DraftLengthController,
+    first_probe_every,
+)
+from specdec_plugin.adaptive.cost_model import CostTable
+
+K = 4
+# Target forward times by token count: flat up to 64 tokens, then steep, as a 7B at batch 64
+# (a probe at batch 64 verifies 128 tokens).
+STEEP = CostTable((1, 64, 128, 320), (6.0e-3, 6.2e-3, 8.4e-3, 14.0e-3))
+
+
+def test_first_probe_every_keeps_probing_within_its_budget():
+    # A probe 37% dearer than a plain step, half a percent of the time: 74 plain steps first.
+    assert first_probe_every(1.37, 1.0, 0.005) == 74
+    assert first_probe_every(1.37e-3, 1.0e-3, 0.01) == 37
+    # Cheap probes never come sooner than before; dear ones never later than the cap.
+    assert first_probe_every(1.02, 1.0, 0.005) == FIRST_PROBE_EVERY
+    assert first_probe_every(0.9, 1.0, 0.005) == FIRST_PROBE_EVERY
+    assert first_probe_every(10.0, 1.0, 0.005) == MAX_PROBE_EVERY
+    # Budget 0: the fixed first interval.
+    assert first_probe_every(1.37, 1.0, 0.0) == FIRST_PROBE_EVERY
+
+
+def _probe_steps(controller, req_ids, steps):
+    """Drive ``steps`` steps of the batch ``req_ids``, every draft rejected; the indices of the
+    steps that drafted."""
+    drafted = []
+    for i in range(steps):
+        k = controller.choose(req_ids)
+        if k:
+            drafted.append(i)
+            for req in req_ids:
+                controller.observe(req, k, 0)
+    return drafted
+
+
+def _expected_first(controller, n):
+    return first_probe_every(controller.cost.step_time(n, 1), controller.cost.step_time(n, 0),
+                             controller.probe_budget)
+
+
+@pytest.mark.parametrize("budget", [PROBE_BUDGET, 0.02, 0.0])
+def test_the_first_probe_at_batch_64_waits_for_its_cost(budget):
+    batch = [f"r{i}" for i in range(64)]
+    controller = DraftLengthController(K, STEEP, learn_costs=False, probe_budget=budget)
+    first = _expected_first(controller, 64)
+    if budget:
+        assert first > FIRST_PROBE_EVERY  # the steep table makes a probe dear at batch 64
+    else:
+        assert first == FIRST_PROBE_EVERY
+    drafted = _probe_steps(controller, batch, 20 + first + 2 * first + 1)
+    # Optimistic start, off after the misses; then one-token probes at the first interval,
+    # then at twice it (the probe's own step is the interval's last).
+    start = [i for i in drafted if i < 10]
+    probes = [i for i in drafted if i >= 10]
+    assert start and controller.last_k == 0
+    off = start[-1] + 1
+    assert probes[:2] == [off + first - 1, off + 3 * first - 1], (drafted, first)
+
+
+def test_at_batch_1_the_first_probe_comes_as_before():
+    controller = DraftLengthController(K, STEEP, learn_costs=False)
+    assert _expected_first(controller, 1) == FIRST_PROBE_EVERY
+    drafted = _probe_steps(controller, ["r"], 60)
+    start = [i for i in drafted if i < 10]
+    assert [i for i in drafted if i >= 10][0] == start[-1] + FIRST_PROBE_EVERY
+
+
+def test_a_new_request_at_batch_64_is_probed_within_the_first_interval():
+    batch = [f"r{i}" for i in range(64)]
+    controller = DraftLengthController(K, STEEP, learn_costs=False)
+    first = _expected_first(controller, 64)
+    _probe_steps(controller, batch, 3000)
+    assert controller.probe_every == MAX_PROBE_EVERY
+    # One request is replaced by one with no evidence: probed within the first interval,
+    # not at the backed-off one, and not sooner than the cost allows.
+    joined = batch[1:] + ["new"]
+    drafted = _probe_steps(controller, joined, first + 1)
+    assert len(drafted) == 1 and drafted[0] <= first, (drafted, first)
