@@ -87,6 +87,11 @@ KERNELS: dict[str, dict[str, str]] = {
         "torch": f"{_OPS}.ngram_match.reference:ngram_match",
         "triton": f"{_OPS}.ngram_match.triton:ngram_match",
     },
+    # ... and each n-gram step's next tokens, valid counts and history append in one launch
+    "ngram_step_update": {
+        "torch": f"{_OPS}.ngram_update.reference:ngram_step_update",
+        "triton": f"{_OPS}.ngram_update.triton:ngram_step_update",
+    },
     # speculative decoding: a drafter batch padded to a recorded graph's shape
     "pad_drafter_batch": {
         "torch": f"{_OPS}.drafter_pad.reference:pad_drafter_batch",

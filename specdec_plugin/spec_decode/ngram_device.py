@@ -73,7 +73,9 @@ class SpecDecNgramProposerGPU(NgramProposerGPU):
         self.max_model_len = vllm_config.model_config.max_model_len
         self.max_num_seqs = vllm_config.scheduler_config.max_num_seqs
         self.device = device
-        self.match = get_kernel("ngram_match", tuple(current_platform.device.kernel_providers))
+        providers = tuple(current_platform.device.kernel_providers)
+        self.match = get_kernel("ngram_match", providers)
+        self.step_update = get_kernel("ngram_step_update", providers)
         # Uniform draft lengths (adaptive/uniform_drafts.py): unmatched slots carry filler.
         self.pad_to_k = pads_device_drafts(vllm_config)
         self._warm_up()
@@ -89,22 +91,28 @@ class SpecDecNgramProposerGPU(NgramProposerGPU):
         active = torch.ones(1, dtype=torch.bool, device=self.device)
         for k in range(1, self.k + 1):
             self.match(tokens, num_tokens, active, self.min_n, self.max_n, k, self.max_model_len)
+        # And the step update for every sampled width (1 + the step's draft length).
+        for k in range(0, self.k + 1):
+            sampled = torch.full((1, 1 + k), -1, dtype=torch.int32, device=self.device)
+            self.step_update(sampled, ~active, tokens.clone(), num_tokens, 1)
 
     def update_token_ids_ngram(self, sampled_token_ids, gpu_input_batch, token_ids_gpu,
                                num_tokens_no_spec, discard_request_mask):
-        """vLLM's step bookkeeping, then this step's accepted tokens appended to each history.
+        """vLLM's step bookkeeping, then this step's accepted tokens appended to each history,
+        in one kernel (ops/ngram_update: about 25 torch ops before).
 
         vLLM appends them in ``propose`` instead; but the runner calls only this method on a
         step where the batch's longest request is too close to ``max_model_len`` to draft
         (gpu_model_runner.py:4620-4640), and the histories, which live only on the device,
         would then miss that step's tokens for every request for good.
         """
-        next_token_ids, count, valid_sampled = super().update_token_ids_ngram(
-            sampled_token_ids, gpu_input_batch, token_ids_gpu, num_tokens_no_spec,
-            discard_request_mask)
-        rows = valid_sampled.shape[0]
-        append_sampled(token_ids_gpu[:rows], num_tokens_no_spec[:rows], valid_sampled, count)
-        return next_token_ids, count, valid_sampled
+        if isinstance(sampled_token_ids, list):  # vLLM's unpadded path: rows padded with -1
+            width = max([1, *(len(row) for row in sampled_token_ids)])
+            sampled_token_ids = torch.tensor(
+                [row + [-1] * (width - len(row)) for row in sampled_token_ids],
+                dtype=torch.int32, device=self.device)
+        return self.step_update(sampled_token_ids, discard_request_mask, token_ids_gpu,
+                                num_tokens_no_spec, gpu_input_batch.vocab_size)
 
     def propose(self, num_speculative_tokens: int, num_tokens_no_spec: torch.Tensor,
                 token_ids_gpu: torch.Tensor, valid_sampled_token_ids_gpu: torch.Tensor,
@@ -138,24 +146,6 @@ class SpecDecNgramProposerGPU(NgramProposerGPU):
 
     def load_model(self, *args, **kwargs) -> None:
         pass
-
-
-def append_sampled(token_ids: torch.Tensor, num_tokens: torch.Tensor, sampled: torch.Tensor,
-                   num_sampled: torch.Tensor) -> None:
-    """Write each row's first ``num_sampled[b]`` sampled tokens (``-1``: none) after its
-    ``num_tokens[b]`` history tokens, without a host sync.
-
-    Entries that are not written are pointed at the row's last history token and write it back
-    unchanged, so no two scattered entries of a row target one column with different values.
-    """
-    width = token_ids.shape[1]
-    cols = torch.arange(sampled.shape[1], device=sampled.device)
-    at = num_tokens.long().unsqueeze(1) + cols
-    keep = (cols < num_sampled.unsqueeze(1)) & (sampled != -1) & (at < width)
-    last = (num_tokens.long() - 1).clamp(0, width - 1).unsqueeze(1)
-    at = torch.where(keep, at, last)
-    token_ids.scatter_(1, at, torch.where(keep, sampled.to(token_ids.dtype),
-                                          token_ids.gather(1, at)))
 
 
 def fill_unmatched(drafts: torch.Tensor, counts: torch.Tensor, token_ids: torch.Tensor,
