@@ -14,6 +14,7 @@ Traffic goes to 127.0.0.1 only, and every wait is bounded.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -24,7 +25,7 @@ import pytest
 
 from tests.prompts import SPEC_PROMPTS
 from tests.serve_load import LoadRequest, greedy_completion, problems, run_load
-from tests.serve_utils import metric_totals, started_server, still_running
+from tests.serve_utils import VllmServer, metric_totals, started_server, still_running
 from tests.spec_configs import spec_config
 
 pytestmark = pytest.mark.slow
@@ -39,6 +40,7 @@ STREAM_TOKENS = 200  # long enough that every stream is still running when the f
 # 16 MB of fp32 KV cache for SmolLM2 (30 layers) and the drafter layer: 336 tokens.
 SMALL_KV_ARGS = ("--max-model-len", "256", "--kv-cache-memory-bytes", str(16_000_000))
 PRESSURE_TOKENS = 32
+STARTUP_TIMEOUT_S = 300  # started_server's
 
 
 def _spec_args(smollm2_path: str) -> list[str]:
@@ -94,9 +96,19 @@ def _engine_core(tree: list) -> "psutil.Process":
     return cores[0]
 
 
-def test_engine_core_death_fails_health_and_exits(tmp_path, smollm2_path):
+def test_engine_core_death_fails_health_and_exits(tmp_path, smollm2_path, request):
+    # The small-cache server of the next tests starts next to this one: on 2 cores much of
+    # one start overlaps the other's. It is up (and idle) before the fault below.
+    small_kv = None
+    if any("small_kv_server" in getattr(item, "fixturenames", ()) and item.module is request.module
+           for item in request.session.items):
+        small_kv = request.getfixturevalue("small_kv_launched")
     server = started_server(smollm2_path, _spec_args(smollm2_path),
                             log_path=tmp_path / "server.log")
+    if small_kv is not None:
+        # A failure to start is reported by its own tests (`small_kv_server` waits again).
+        with contextlib.suppress(Exception):
+            small_kv.wait_ready(STARTUP_TIMEOUT_S)
     try:
         tree = server.process_tree()
         core = _engine_core(tree)
@@ -141,11 +153,22 @@ def test_engine_core_death_fails_health_and_exits(tmp_path, smollm2_path):
 
 
 @pytest.fixture(scope="module")
-def small_kv_server(tmp_path_factory, smollm2_path):
-    server = started_server(smollm2_path, [*SMALL_KV_ARGS, *_spec_args(smollm2_path)],
-                            log_path=tmp_path_factory.mktemp("serve_small_kv") / "server.log")
+def small_kv_launched(tmp_path_factory, smollm2_path):
+    """Started, not yet waited for (`small_kv_server` waits)."""
+    server = VllmServer(smollm2_path, [*SMALL_KV_ARGS, *_spec_args(smollm2_path)],
+                        log_path=tmp_path_factory.mktemp("serve_small_kv") / "server.log").start()
     yield server
     server.kill()  # normally the SIGINT test has stopped it
+
+
+@pytest.fixture(scope="module")
+def small_kv_server(small_kv_launched):
+    try:
+        small_kv_launched.wait_ready(STARTUP_TIMEOUT_S)
+    except BaseException:
+        small_kv_launched.kill()
+        raise
+    return small_kv_launched
 
 
 def test_kv_pressure_preempts_and_loses_nothing(small_kv_server):
