@@ -20,16 +20,51 @@ ROOT = Path(__file__).resolve().parent.parent
 LIMIT_PROMPTS, CHAT_SAMPLES, OTHER_SAMPLES, MAX_NEW, HELDOUT = 4, 1, 1, 12, 3
 
 
+def _env() -> dict:
+    return dict(os.environ, SPECDEC_CPU_KV_CACHE_GIB="0.25", PYTHONPATH=str(ROOT))
+
+
 def _run(module: str, *args: str, timeout: int = 600) -> str:
-    env = dict(os.environ, SPECDEC_CPU_KV_CACHE_GIB="0.25", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout + proc.stderr
 
 
+class _Background:
+    """A stage started now and waited for later (``result``), its output in files: a pipe
+    nobody reads while the test runs other stages could fill up and stall it."""
+
+    def __init__(self, module: str, *args: str, log_dir: Path):
+        self.out, self.err = log_dir / f"{module}.out", log_dir / f"{module}.err"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT,
+                                         env=_env(), stdout=out, stderr=err,
+                                         stdin=subprocess.DEVNULL, text=True)
+
+    def result(self, timeout: int = 600) -> str:
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            self.kill()
+        stdout, stderr = self.out.read_text(), self.err.read_text()
+        assert self.proc.returncode == 0, stdout[-3000:] + stderr[-5000:]
+        return stdout + stderr
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _eval_args(base: Path) -> list[str]:
+    return ["--drafters", str(base / "out1"), "--out", str(base / "eval.json"),
+            "--methods", "eagle3,draft_model", "--per-category", "1", "--max-tokens", "8",
+            "--categories", "chat,code", "--work", str(base / "evalwork")]
+
+
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory, smollm2_path):
+def pipeline(tmp_path_factory, smollm2_path, request):
     base = tmp_path_factory.mktemp("pipeline")
     data, out1, out2 = base / "data", base / "out1", base / "out2"
     _run("training.stage_gen", "--data", str(data), "--model", smollm2_path,
@@ -40,9 +75,19 @@ def pipeline(tmp_path_factory, smollm2_path):
     common = ["--data", str(data), "--model", smollm2_path, "--cpu", "--token-budget", "192",
               "--max-len", "96", "--eval-seqs", "2"]
     _run("training.stage_train", *common, "--out", str(out1), "--max-steps", "2")
-    _run("training.stage_train", *common, "--out", str(out2), "--init", str(out1),
-         "--max-steps", "0")
-    return {"data": data, "out1": out1, "out2": out2, "base": base}
+    # The evaluation of the new drafters reads out1 only: it runs while the resume writes out2
+    # (each is mostly one-threaded start-up on 2 cores), and its test waits for it.
+    evaluation = None
+    if any(getattr(item, "originalname", item.name) == _EVAL_TEST
+           for item in request.session.items):
+        evaluation = _Background("training.eval_acceptance", *_eval_args(base), log_dir=base)
+    try:
+        _run("training.stage_train", *common, "--out", str(out2), "--init", str(out1),
+             "--max-steps", "0")
+        yield {"data": data, "out1": out1, "out2": out2, "base": base, "eval": evaluation}
+    finally:
+        if evaluation is not None:
+            evaluation.kill()
 
 
 def test_gen_writes_shards_with_the_answers(pipeline):
@@ -89,12 +134,13 @@ def test_train_exports_every_drafter_and_resume_round_trips(pipeline):
     assert summary["results"]["draft_model"]["file"]["int8_packed"]
 
 
+_EVAL_TEST = "test_eval_serves_the_new_drafters_through_the_plugin"
+
+
 def test_eval_serves_the_new_drafters_through_the_plugin(pipeline):
-    out = pipeline["base"] / "eval.json"
-    _run("training.eval_acceptance", "--drafters", str(pipeline["out1"]), "--out", str(out),
-         "--methods", "eagle3,draft_model", "--per-category", "1", "--max-tokens", "8",
-         "--categories", "chat,code", "--work", str(pipeline["base"] / "evalwork"))
-    report = json.loads(out.read_text())
+    # Started by the fixture, next to the resume.
+    pipeline["eval"].result()
+    report = json.loads((pipeline["base"] / "eval.json").read_text())
     assert report["dtype"] == "float32"
     for kind in ("eagle3", "draft_model"):
         result = report["methods"][kind]
