@@ -32,6 +32,17 @@ BAD_IN_LOAD = ("max_tokens_negative", "top_p_2", "n_0", "out_of_vocab_token_id",
                "bad_json_schema")
 
 
+def cpu_soak_server(smollm2_path: str, log_path) -> "VllmServer":
+    """The CPU soak's server (tests/test_serve_under_load.py), built, not started: SmolLM2 with
+    the shipped EAGLE-3 drafter. tests/test_serve_faults.py starts it ahead (serve_utils.py)."""
+    from tests.serve_utils import VllmServer
+    from tests.spec_configs import spec_config
+
+    return VllmServer(smollm2_path,
+                      ["--speculative-config", json.dumps(spec_config("eagle3", smollm2_path))],
+                      log_path=log_path)
+
+
 def pinned_requests(model: str) -> list[LoadRequest]:
     return [LoadRequest("pinned", "/v1/completions",
                         greedy_completion(model, prompt, PINNED_TOKENS))

@@ -11,6 +11,9 @@ answers ``/health``, stop it with a signal and report how it ended.
   started and healthy, or killed with the log tail in the error.
 - ``metric_totals(base_url) -> dict``: every ``vllm:`` Prometheus sample summed over its labels.
 - ``still_running(processes, timeout_s) -> list``: those of ``processes`` alive after waiting.
+- ``launch_ahead(server, config)`` / ``take_ahead(server) -> VllmServer``: a module starts a
+  later module's server while its own leave the cores room; the later one takes it (or, if
+  none was started ahead, starts its own) and waits for it as usual.
 
 The server's stdout and stderr go to a log file, never to a pipe: an unread pipe fills up and
 stalls the server, and on failure the log tail is what explains it.
@@ -212,6 +215,24 @@ class VllmServer:
             except (ProcessLookupError, PermissionError):
                 continue
         return alive
+
+
+# Servers started ahead of the module that uses them, by `config_key`.
+_AHEAD: dict[tuple, VllmServer] = {}
+
+
+def launch_ahead(server: VllmServer, config) -> None:
+    """Start ``server`` (built, not started) for a later module, which takes it with
+    ``take_ahead``. pytest's ``config`` kills it at the end of the session if none does."""
+    if server.config_key not in _AHEAD:
+        _AHEAD[server.config_key] = server.start()
+        config.add_cleanup(server.kill)
+
+
+def take_ahead(server: VllmServer) -> VllmServer:
+    """The server started ahead with ``server``'s configuration, else ``server`` started now.
+    Either is still to be waited for (``wait_ready``)."""
+    return _AHEAD.pop(server.config_key, None) or server.start()
 
 
 def started_server(model: str, extra_args=(), *, log_path: str | os.PathLike,

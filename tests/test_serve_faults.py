@@ -25,7 +25,9 @@ import pytest
 
 from tests.prompts import SPEC_PROMPTS
 from tests.serve_load import LoadRequest, greedy_completion, problems, run_load
-from tests.serve_utils import VllmServer, metric_totals, started_server, still_running
+from tests.serve_soak import cpu_soak_server
+from tests.serve_utils import (VllmServer, launch_ahead, metric_totals, started_server,
+                               still_running)
 from tests.spec_configs import spec_config
 
 pytestmark = pytest.mark.slow
@@ -162,12 +164,21 @@ def small_kv_launched(tmp_path_factory, smollm2_path):
 
 
 @pytest.fixture(scope="module")
-def small_kv_server(small_kv_launched):
+def small_kv_server(small_kv_launched, smollm2_path, tmp_path_factory, request):
     try:
         small_kv_launched.wait_ready(STARTUP_TIMEOUT_S)
     except BaseException:
         small_kv_launched.kill()
         raise
+    # The CPU soak's server (tests/test_serve_under_load.py, next in the session) starts now,
+    # the engine-death server gone: its start overlaps these two tests, much of whose time is
+    # spent waiting on clients and on the shutdown.
+    if any("spec_server" in getattr(item, "fixturenames", ())
+           and item.module.__name__.endswith("test_serve_under_load")
+           for item in request.session.items):
+        launch_ahead(cpu_soak_server(
+            smollm2_path, log_path=tmp_path_factory.mktemp("serve_eagle3") / "server.log"),
+            request.config)
     return small_kv_launched
 
 

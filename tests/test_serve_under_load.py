@@ -17,7 +17,6 @@ the SIGTERM test stops it, so it comes last. Traffic goes to 127.0.0.1 only.
 """
 from __future__ import annotations
 
-import json
 import re
 import signal
 
@@ -26,10 +25,9 @@ import pytest
 from tests.bad_requests import bad_requests
 from tests.prompts import SPEC_PROMPTS
 from tests.serve_load import greedy_completion
-from tests.serve_soak import (PINNED_TOKENS, assert_serving, complete, recorded_fresh_texts, soak,
-                              texts_of_pinned)
-from tests.serve_utils import VllmServer, started_server, still_running
-from tests.spec_configs import spec_config
+from tests.serve_soak import (PINNED_TOKENS, assert_serving, complete, cpu_soak_server,
+                              recorded_fresh_texts, soak, texts_of_pinned)
+from tests.serve_utils import VllmServer, started_server, still_running, take_ahead
 
 pytestmark = pytest.mark.slow
 
@@ -43,6 +41,7 @@ CONCURRENCY = 32
 # The deadline leaves room for a loaded CI machine and still bounds the test.
 SOAK_DEADLINE_S = 360
 SHUTDOWN_TIMEOUT_S = 60
+STARTUP_TIMEOUT_S = 300
 BAD_NAMES = [bad.name for bad in bad_requests("m", MAX_MODEL_LEN)]
 
 
@@ -55,10 +54,14 @@ def _post(server, path: str, raw: bytes) -> httpx.Response:
 
 @pytest.fixture(scope="module")
 def spec_server(tmp_path_factory, smollm2_path):
-    spec = spec_config("eagle3", smollm2_path)
-    server = started_server(
-        smollm2_path, ["--speculative-config", json.dumps(spec)],
-        log_path=tmp_path_factory.mktemp("serve_eagle3") / "server.log")
+    # Started ahead by tests/test_serve_faults.py where that module ran first in this session.
+    server = take_ahead(cpu_soak_server(
+        smollm2_path, log_path=tmp_path_factory.mktemp("serve_eagle3") / "server.log"))
+    try:
+        server.wait_ready(STARTUP_TIMEOUT_S)
+    except BaseException:
+        server.kill()
+        raise
     yield server
     server.kill()  # normally test_sigterm_leaves_no_process_behind has stopped it
 
