@@ -4,6 +4,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import threading
 
 
 class EnginePool:
@@ -21,6 +22,8 @@ class EnginePool:
         self._plain_outputs: dict[str, list[list[int]]] = {}
         # (prompts, max_tokens) the session's modules will ask `plain_greedy` for: see there.
         self._plain_wanted: list[tuple[list[str], int]] = []
+        # Shutdowns of engine processes still under way (see `_shutdown`).
+        self._stopping: list[threading.Thread] = []
 
     def get(self, model: str, metrics: bool = False, adaptive: bool = False, **kwargs):
         """The engine for this configuration. ``metrics=True``: the caller reads its counters
@@ -61,14 +64,25 @@ class EnginePool:
         return self._engines[key]
 
     def _shutdown(self, key: str) -> None:
+        """Drop the engine. Its engine-core process takes about 3 s to exit after SIGTERM
+        (vLLM's client joins it), time in which the next engine can already be built: an
+        engine in its own process is stopped in a thread, waited for at `close`."""
         llm = self._engines.pop(key)
         self._metrics_keys.discard(key)
         if key == self._newest:
             self._newest = None
         engine = getattr(llm, "llm_engine", None)
-        if engine is not None and hasattr(engine, "engine_core"):
-            engine.engine_core.shutdown()
-        del llm
+        core = getattr(engine, "engine_core", None)
+        if core is not None:
+            # vLLM's own engine monitor calls this shutdown from a thread of its own too.
+            if hasattr(core, "resources"):  # MPClient: the engine core is a process
+                thread = threading.Thread(target=core.shutdown, name=f"stop-{key[:40]}",
+                                          daemon=True)
+                thread.start()
+                self._stopping = [t for t in self._stopping if t.is_alive()] + [thread]
+            else:  # the engine in this process
+                core.shutdown()
+        del llm, engine, core
         gc.collect()
 
     def want_plain_greedy(self, prompts, max_tokens: int) -> None:
@@ -101,8 +115,12 @@ class EnginePool:
         return self._plain_outputs[key]
 
     def close(self) -> None:
+        # All at once: each engine process exits in about 3 s of its own.
         for key in list(self._engines):
             self._shutdown(key)
+        for thread in self._stopping:
+            thread.join()
+        self._stopping.clear()
 
 
 def counters(llm, prefixes=("vllm:spec_decode", "vllm:num_preemptions")) -> dict:
