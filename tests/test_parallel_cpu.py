@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 
 import pytest
 
@@ -32,9 +33,22 @@ def _greedy_tokens(llm) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
+# Shutdowns still under way: an engine's processes take seconds to exit, in which the next
+# test's engine can already start. All are waited for at the end of the module.
+_STOPPING: list[threading.Thread] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _engines_stopped():
+    yield
+    while _STOPPING:
+        _STOPPING.pop().join()
+
+
 @contextlib.contextmanager
 def _engine(model: str, **kwargs):
-    """An engine of its own (several worker processes), shut down as soon as the test ends."""
+    """An engine of its own (several worker processes), shut down as soon as the test ends
+    (in a thread: vLLM's own engine monitor shuts down from a thread of its own too)."""
     from vllm import LLM
 
     llm = LLM(model=model, dtype="float32", max_model_len=1024, seed=0,
@@ -42,14 +56,18 @@ def _engine(model: str, **kwargs):
     try:
         yield llm
     finally:
-        llm.llm_engine.engine_core.shutdown()
+        thread = threading.Thread(target=llm.llm_engine.engine_core.shutdown, daemon=True)
+        thread.start()
+        _STOPPING.append(thread)
         del llm
         gc.collect()
 
 
 @pytest.fixture(scope="module")
 def single_worker_tokens(smollm2_path, engines) -> list[list[int]]:
-    return _greedy_tokens(engines.get(smollm2_path))
+    # The session's plain engine (prefix caching off, which these fresh prompts never hit):
+    # most modules before this one use it, so it is there already and no other is built.
+    return _greedy_tokens(engines.get(smollm2_path, enable_prefix_caching=False))
 
 
 # The shipped draft model's MLP (512 wide) does not split in 3 (refused before loading, below),
