@@ -22,6 +22,8 @@ class EnginePool:
         self._plain_outputs: dict[str, list[list[int]]] = {}
         # (prompts, max_tokens) the session's modules will ask `plain_greedy` for: see there.
         self._plain_wanted: list[tuple[list[str], int]] = []
+        # How often each alive engine was asked for: see `get`.
+        self._uses: dict[str, int] = {}
         # Shutdowns of engine processes still under way (see `_shutdown`).
         self._stopping: list[threading.Thread] = []
 
@@ -41,8 +43,12 @@ class EnginePool:
             self._shutdown(key)
         if key not in self._engines:
             while len(self._engines) >= self.MAX_ALIVE:
-                # Least recently used first, metrics engines before the others.
-                self._shutdown(min(self._engines, key=lambda k: k not in self._metrics_keys))
+                # Least recently used first, metrics engines before the others, and engines
+                # asked for once (tiny models, one module's configuration) before those asked
+                # for again: the plain engine many modules share is not rebuilt after a run of
+                # one-off engines (test_tiny_architectures.py) pushed it out.
+                self._shutdown(min(self._engines, key=lambda k: (k not in self._metrics_keys,
+                                                                  self._uses[k] > 1)))
             # Engines share this process's metrics registry; a distinct served name labels
             # each engine's counters (see `counters`).
             self._created += 1
@@ -61,6 +67,7 @@ class EnginePool:
                 self._metrics_keys.add(key)
         else:  # most recently used last
             self._engines[key] = self._engines.pop(key)
+        self._uses[key] = self._uses.get(key, 0) + 1
         return self._engines[key]
 
     def _shutdown(self, key: str) -> None:
@@ -69,6 +76,7 @@ class EnginePool:
         engine in its own process is stopped in a thread, waited for at `close`."""
         llm = self._engines.pop(key)
         self._metrics_keys.discard(key)
+        self._uses.pop(key, None)
         if key == self._newest:
             self._newest = None
         engine = getattr(llm, "llm_engine", None)
