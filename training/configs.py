@@ -62,8 +62,8 @@ def eagle_config() -> dict:
     return _head_common(EAGLE_INTER)
 
 
-def eagle3_config(draft_vocab: int = EAGLE3_DRAFT_VOCAB) -> dict:
-    return {**_head_common(EAGLE3_INTER), "draft_vocab_size": draft_vocab,
+def eagle3_config(draft_vocab: int = EAGLE3_DRAFT_VOCAB, inter: int = EAGLE3_INTER) -> dict:
+    return {**_head_common(inter), "draft_vocab_size": draft_vocab,
             "target_hidden_size": TARGET["hidden"], "norm_before_residual": False,
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": EAGLE3_AUX_LAYERS,
                              "use_aux_hidden_state": True}}
@@ -138,5 +138,6 @@ def save_draft_model(model, path) -> None:
 
 
 def save_head(kind: str, head, path) -> None:
-    config = CONFIGS[kind]() if kind != "eagle3" else eagle3_config(len(head.vocab_ids))
+    config = CONFIGS[kind]() if kind != "eagle3" else eagle3_config(
+        len(head.vocab_ids), head.mlp.gate_proj.out_features)
     _save(head.export_tensors(), path, config)

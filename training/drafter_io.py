@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from training import configs
+from training import configs, draft_from_target
 from training.heads import head_from_tensors
 
 FILE_LIMIT_BYTES = 16 * 1024 * 1024 - 64 * 1024  # the device's per-file limit, less headroom
@@ -53,19 +53,31 @@ def load_tensors(path: Path) -> dict:
     return dequantize_tensors(tensors, metadata)
 
 
-def draft_model_from_tensors(config: dict, tensors: dict):
+def draft_model_from_tensors(config: dict, tensors: dict, target_embedding=None):
+    """A float32 draft model; a file without an embedding (``draft_from_target``) takes the
+    target's, frozen, from ``target_embedding``."""
     model = configs.llama_from_config(config)
     state = {k: v.float() for k, v in tensors.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     # lm_head is tied to the embedding and not stored.
-    assert set(missing) <= {"lm_head.weight"} and not unexpected, (missing, unexpected)
+    allowed = {"lm_head.weight"}
+    if draft_from_target.EMBEDDING not in tensors:
+        if target_embedding is None:
+            raise ValueError("this draft model's file has no embedding (it is the target's): "
+                             "pass target_embedding")
+        allowed.add(draft_from_target.EMBEDDING)
+    assert set(missing) <= allowed and not unexpected, (missing, unexpected)
     model.tie_weights()
+    if draft_from_target.EMBEDDING not in tensors:
+        draft_from_target.share_target_embedding(model, target_embedding)
     return model
 
 
-def load_for_resume(init_dir: Path | None, kind: str, want_config: dict | None, log):
+def load_for_resume(init_dir: Path | None, kind: str, want_config: dict | None, log,
+                    target_embedding=None):
     """The carried drafter of ``kind`` as a float32 module, or None (start fresh). A draft
-    model of another shape than ``want_config`` is not resumed."""
+    model of another shape than ``want_config`` is not resumed; one cut from the target gets
+    ``target_embedding`` back."""
     if init_dir is None:
         return None
     found = find_init_file(init_dir, kind)
@@ -81,7 +93,7 @@ def load_for_resume(init_dir: Path | None, kind: str, want_config: dict | None, 
                 f"{ {k: config.get(k) for k in keys} }, want { {k: want_config[k] for k in keys} }; "
                 "starting fresh")
             return None
-        module = draft_model_from_tensors(config, tensors)
+        module = draft_model_from_tensors(config, tensors, target_embedding)
     else:
         module = head_from_tensors(kind, tensors).float()
     log(f"resume: {kind} from {path} ({sum(p.numel() for p in module.parameters())} params)")
@@ -94,9 +106,14 @@ def drafter_tensors(kind: str, module) -> tuple[dict, dict]:
         cfg = module.config
         config = configs.draft_model_config(cfg.hidden_size, cfg.num_hidden_layers,
                                             cfg.intermediate_size, cfg.num_attention_heads)
-        sd = {k: v for k, v in module.state_dict().items() if k != "lm_head.weight"}
+        # The target's embedding is not shipped: materialization copies it from the target.
+        left_out = {"lm_head.weight"} | ({draft_from_target.EMBEDDING}
+                                         if draft_from_target.shares_target_embedding(module)
+                                         else set())
+        sd = {k: v for k, v in module.state_dict().items() if k not in left_out}
         return sd, config
-    config = configs.eagle3_config(len(module.vocab_ids)) if kind == "eagle3" \
+    config = configs.eagle3_config(len(module.vocab_ids), module.mlp.gate_proj.out_features) \
+        if kind == "eagle3" \
         else configs.CONFIGS[kind]()
     return module.export_tensors(), config
 

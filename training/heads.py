@@ -101,6 +101,30 @@ class MLP(nn.Module):
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
+    @torch.no_grad()
+    def widen(self, inter: int, seed: int = 0) -> None:
+        """Grow to ``inter`` hidden units without changing the output: the new units' gate and
+        up rows start random (nn.Linear's scale), their down_proj columns at zero, so a resumed
+        head keeps what it learned and gains capacity that training fills in."""
+        old = self.gate_proj.out_features
+        if inter < old:
+            raise ValueError(f"an MLP of {old} units cannot widen to {inter}")
+        gen = torch.Generator().manual_seed(seed)
+        hidden = self.gate_proj.in_features
+        bound = 1.0 / hidden ** 0.5
+        grown = {}
+        for name in ("gate_proj", "up_proj"):
+            w = getattr(self, name).weight
+            extra = (torch.rand(inter - old, hidden, generator=gen) * 2 - 1) * bound
+            grown[name] = torch.cat([w.detach().cpu(), extra.to(w.dtype)]).to(w.device)
+        w = self.down_proj.weight
+        grown["down_proj"] = torch.cat([w.detach(), w.new_zeros(hidden, inter - old)], dim=1)
+        for name, weight in grown.items():
+            layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False,
+                              device=weight.device, dtype=weight.dtype)
+            layer.weight.copy_(weight)
+            setattr(self, name, layer)
+
 
 class TargetShape:
     """The handful of target facts every head needs."""

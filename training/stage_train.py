@@ -10,7 +10,9 @@ next-token distribution (soft cross-entropy, losses in ``train.py``):
 - eagle3: 3-layer feature fc -> one decoder layer -> reduced-vocab head, training-time test
   over ``--ttt eagle3=N`` chained steps (each step attends to its own earlier outputs);
 - eagle: EAGLE-1 head, same chaining, plus feature regression (0.1 x CE);
-- mtp: MiMo MTP layer; draft_model: a small Llama (shape from ``--draft-*``).
+- mtp: MiMo MTP layer; draft_model: a small Llama (shape from ``--draft-*``), or with
+  ``--draft-from-target 0,10,20,29`` those target layers at the target's width, its embedding
+  frozen and not shipped (``draft_from_target.py``).
 Training stops ``--reserve-s`` before the deadline; then held-out agreement (teacher-forced
 chains on ``heldout.npz``, per depth) and the export: ``<kind>.safetensors`` (bf16 with the
 config in the metadata; int8-packed if bf16 would pass the device's 16 MiB per file) and
@@ -29,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training import configs
+from training import configs, draft_from_target
 from training.data import capture_hidden, target_norm
 from training.drafter_io import load_for_resume, save_drafter
 from training.heads import Eagle1Head, Eagle3Head, MtpHead, TargetShape
@@ -68,13 +70,27 @@ def parse_args(argv=None):
     p.add_argument("--draft-layers", type=int, default=4)
     p.add_argument("--draft-inter", type=int, default=768)
     p.add_argument("--draft-heads", type=int, default=3)
+    p.add_argument("--draft-from-target", default="",
+                   help="comma list of target layer ids: the draft model is those layers at "
+                        "the target's width (replaces --draft-hidden/-layers/-inter/-heads)")
+    p.add_argument("--draft-lr", type=float, default=None,
+                   help=f"draft model learning rate (default {configs.LR['draft_model']})")
     p.add_argument("--draft-vocab", type=int, default=configs.EAGLE3_DRAFT_VOCAB)
+    p.add_argument("--eagle3-inter", type=int, default=None,
+                   help="EAGLE-3's MLP width; a resumed narrower head is widened without "
+                        f"changing its output (heads.MLP.widen; default {configs.EAGLE3_INTER} "
+                        "or the resumed head's)")
     p.add_argument("--revocab", action="store_true",
                    help="a resumed EAGLE-3 head gets the shards' --draft-vocab most frequent tokens "
                         "as its draft vocabulary; its layers are kept (see revocab_eagle3)")
     p.add_argument("--eval-seqs", type=int, default=256)
     p.add_argument("--cpu", action="store_true", help="force the CPU (smoke runs)")
     args = p.parse_args(argv)
+    try:
+        args.draft_layer_ids = (draft_from_target.parse_layer_ids(args.draft_from_target)
+                                if args.draft_from_target else None)
+    except ValueError as exc:
+        p.error(f"--draft-from-target: {exc}")
     if args.draft_vocab % configs.EAGLE3_VOCAB_MULTIPLE:
         p.error(f"--draft-vocab {args.draft_vocab}: want a multiple of "
                 f"{configs.EAGLE3_VOCAB_MULTIPLE}, or vLLM cannot split EAGLE-3's LM head over "
@@ -114,12 +130,16 @@ def build_drafters(args, target, vocab_ids_fresh, shape, log):
     """kind -> (module, ttt steps, resumed?)."""
     emb = target.model.embed_tokens.weight.detach()
     ttt = {k: int(v) for k, v in (item.split("=") for item in args.ttt.split(",") if item)}
-    draft_cfg = configs.draft_model_config(args.draft_hidden, args.draft_layers,
-                                           args.draft_inter, args.draft_heads)
+    if args.draft_layer_ids:
+        draft_cfg = draft_from_target.config_for(len(args.draft_layer_ids))
+    else:
+        draft_cfg = configs.draft_model_config(args.draft_hidden, args.draft_layers,
+                                               args.draft_inter, args.draft_heads)
     out = {}
     for kind in args.kinds.split(","):
         fresh = kind in args.fresh.split(",")
-        module = None if fresh else load_for_resume(args.init, kind, draft_cfg, log)
+        module = None if fresh else load_for_resume(args.init, kind, draft_cfg, log,
+                                                    target_embedding=emb.float().cpu())
         resumed = module is not None
         if resumed and kind == "eagle3" and args.revocab and not torch.equal(
                 module.vocab_ids.cpu(), vocab_ids_fresh.cpu()):
@@ -127,13 +147,23 @@ def build_drafters(args, target, vocab_ids_fresh, shape, log):
             log(f"revocab: eagle3 draft vocab {len(module.vocab_ids)} -> {len(vocab_ids_fresh)} "
                 f"tokens ({shared} rows kept, the rest from the target's embedding)")
             module = revocab_eagle3(module, vocab_ids_fresh, target, shape)
+        if resumed and kind == "eagle3" and args.eagle3_inter:
+            width = module.mlp.gate_proj.out_features
+            if args.eagle3_inter != width:
+                log(f"eagle3: MLP widened from {width} to {args.eagle3_inter} units")
+                module.mlp.widen(args.eagle3_inter)
         if module is None:
-            if kind == "draft_model":
+            if kind == "draft_model" and args.draft_layer_ids:
+                module = draft_from_target.build(target, args.draft_layer_ids)
+                log(f"draft_model: target layers {args.draft_layer_ids} at width "
+                    f"{draft_cfg['hidden_size']}, embedding frozen (the target's)")
+            elif kind == "draft_model":
                 module = configs.build_draft_model(emb.cpu(), draft_cfg)
             elif kind == "eagle":
                 module = Eagle1Head(shape, configs.EAGLE_INTER)
             elif kind == "eagle3":
-                module = Eagle3Head(shape, configs.EAGLE3_INTER, vocab_ids_fresh)
+                module = Eagle3Head(shape, args.eagle3_inter or configs.EAGLE3_INTER,
+                                    vocab_ids_fresh)
             elif kind == "mtp":
                 module = MtpHead(shape)
             else:
@@ -190,13 +220,14 @@ def main(argv=None) -> int:
 
     shape = TargetShape()
     drafters = build_drafters(args, target, vocab_ids, shape, log)
+    lrs = dict(configs.LR, **({"draft_model": args.draft_lr} if args.draft_lr else {}))
     opts = {}
     for kind, (module, steps, _) in drafters.items():
         module.to(device).train()
         if kind == "eagle3":
             module.vocab_ids = module.vocab_ids.to(device)
         params = [p for p in module.parameters() if p.requires_grad]
-        opts[kind] = (torch.optim.AdamW(params, lr=configs.LR[kind], betas=(0.9, 0.95),
+        opts[kind] = (torch.optim.AdamW(params, lr=lrs[kind], betas=(0.9, 0.95),
                                         weight_decay=0.0), params)
     if "eagle3" in drafters:
         ids = drafters["eagle3"][0].vocab_ids.cpu().numpy()
@@ -218,7 +249,7 @@ def main(argv=None) -> int:
         for kind, (module, steps, _) in drafters.items():
             opt, params = opts[kind]
             for group in opt.param_groups:
-                group["lr"] = lr_at(configs.LR[kind], step, frac)
+                group["lr"] = lr_at(lrs[kind], step, frac)
             if kind == "draft_model":
                 loss = draft_loss(module, b, emb, autocast)
                 parts = [loss]

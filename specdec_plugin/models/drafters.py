@@ -46,6 +46,7 @@ CACHE_SUBDIR = "drafters"
 MTP_WEIGHTS, MTP_CONFIG = "mtp_layer.safetensors", "mtp_config.json"
 PACKED_FORMAT = "int8-rowwise-v1"
 QWEIGHT_SUFFIX, SCALE_SUFFIX = ".qweight", ".scale"
+TARGET_EMBEDDING = "model.embed_tokens.weight"
 # Part of the cache marker: bump it when the way shipped files become a checkpoint changes.
 CHECKPOINT_BUILD_VERSION = "v2-int8-dequant"
 
@@ -100,6 +101,20 @@ def load_shipped_tensors(kind: str, assets_dir: str | Path | None = None) -> dic
     return dequantize_tensors(tensors, metadata)
 
 
+def draft_model_tensors(target_dir: Path, assets_dir=None) -> dict:
+    """The draft model's tensors under vLLM's names. A draft cut from the target's own layers
+    (``training/draft_from_target.py``) ships without its embedding, which is the target's
+    (tied, so also its LM head): it is read from the target's checkpoint here."""
+    tensors = load_shipped_tensors("draft_model", assets_dir)
+    if TARGET_EMBEDDING not in tensors:
+        import torch
+        from safetensors import safe_open
+
+        with safe_open(str(Path(target_dir) / "model.safetensors"), "pt") as handle:
+            tensors[TARGET_EMBEDDING] = handle.get_tensor(TARGET_EMBEDDING).to(torch.bfloat16)
+    return tensors
+
+
 def _copy_tokenizer(target_dir: Path, out_dir: Path) -> None:
     for name in TOKENIZER_FILES:
         if (target_dir / name).exists():
@@ -110,8 +125,9 @@ def _build_plain(kind: str, target_dir: Path, out_dir: Path, assets_dir=None) ->
     from safetensors.torch import save_file
 
     _, config = shipped_files(kind, assets_dir)
-    save_file(load_shipped_tensors(kind, assets_dir), str(out_dir / "model.safetensors"),
-              metadata={"format": "pt"})
+    tensors = (draft_model_tensors(target_dir, assets_dir) if kind == "draft_model"
+               else load_shipped_tensors(kind, assets_dir))
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     shutil.copyfile(config, out_dir / "config.json")
     if kind == "draft_model":
         _copy_tokenizer(target_dir, out_dir)
