@@ -24,8 +24,9 @@ CONTINUATION = 40
 
 # Measured on these prompts (CPU, fp32, 72 chain starts) when the bounds were set: draft_model
 # 0.36, eagle 0.46, eagle3 0.49, mtp 0.50 (bf16); after int8 packing 0.36 / 0.46 / 0.47 / 0.51
-# (training/README.md); an untrained drafter scores ~0.
-MIN_DEPTH1_AGREEMENT = {"draft_model": 0.25, "eagle": 0.35, "eagle3": 0.35, "mtp": 0.35}
+# (training/README.md); an untrained drafter scores ~0. Session 35's draft model (four of the
+# target's layers, trained) reads 0.42.
+MIN_DEPTH1_AGREEMENT = {"draft_model": 0.30, "eagle": 0.35, "eagle3": 0.35, "mtp": 0.35}
 
 EXPECTED_DRAFT_ARCH = {"draft_model": "LlamaForCausalLM", "eagle": "EagleLlamaForCausalLM",
                        "eagle3": "Eagle3LlamaForCausalLM", "mtp": "MiMoMTPModel"}

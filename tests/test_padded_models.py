@@ -12,13 +12,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from specdec_plugin.models import tiny_checkpoint
-from specdec_plugin.models.drafters import load_shipped_tensors, shipped_files
+from specdec_plugin.models.drafters import draft_model_tensors, load_shipped_tensors, shipped_files
 from specdec_plugin.models.padded import PaddedShapes, build_padded_checkpoints
 from specdec_plugin.models.padded_drafters import pad_eagle3_state_dict, pad_eagle_state_dict
 from specdec_plugin.models.padded_llama import PaddedShape, pad_llama_state_dict
@@ -256,7 +257,7 @@ def test_built_drafters_load_and_match(tmp_path, smollm2_path):
     from transformers import AutoModelForCausalLM
 
     shapes = PaddedShapes(target=PaddedShape(2304, 36, 12, 2048, 32),
-                          draft_model=PaddedShape(576, 12, 12, 1536, 3),
+                          draft_model=PaddedShape(2304, 36, 12, 2048, 5),
                           head_intermediate_size=1536)
     built = build_padded_checkpoints(tmp_path, smollm2_path, shapes,
                                      kinds=("draft_model", "eagle", "eagle3"), seed=0)
@@ -264,8 +265,9 @@ def test_built_drafters_load_and_match(tmp_path, smollm2_path):
     draft_dir = built["draft_model"]
     assert (draft_dir / "tokenizer.json").exists()
     big = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
-    assert big.config.hidden_size == 576 and big.config.num_hidden_layers == 3
-    small = _hf_llama(load_shipped_tensors("draft_model"),
+    assert big.config.hidden_size == 2304 and big.config.num_hidden_layers == 5
+    # The shipped draft leaves out its embedding, the target's: it comes from SmolLM2's file.
+    small = _hf_llama(draft_model_tensors(Path(smollm2_path)),
                       json.loads(shipped_files("draft_model")[1].read_text()))
     ids = torch.tensor([[1, 504, 3575, 282, 4649, 314, 7042]])
     with torch.no_grad():

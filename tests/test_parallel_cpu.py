@@ -104,8 +104,26 @@ def _config(smollm2_path, **kwargs):
     return EngineArgs(model=smollm2_path, dtype="float32", **kwargs).create_engine_config()
 
 
-def test_draft_model_that_does_not_split_is_refused_before_loading(smollm2_path):
-    spec = spec_config("draft_model", smollm2_path)
+def test_draft_model_that_does_not_split_is_refused_before_loading(smollm2_path, tmp_path):
+    # The shipped draft (four of SmolLM2's layers since session 35) splits over TP=3 as the
+    # target does; the one before it (MLP 512) did not. Such a draft: the shipped one's files
+    # with that MLP width in its config (nothing is loaded before the refusal).
+    import json
+    import os
+
+    from specdec_plugin.models.drafters import drafter_checkpoint
+
+    shipped = drafter_checkpoint("draft_model")
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    for item in shipped.iterdir():
+        os.symlink(item, draft / item.name)
+    config = json.loads((shipped / "config.json").read_text())
+    (draft / "config.json").unlink()
+    (draft / "config.json").write_text(json.dumps({**config, "intermediate_size": 512}))
+    _config(smollm2_path, tensor_parallel_size=3,
+            speculative_config=spec_config("draft_model", smollm2_path))  # the shipped: accepted
+    spec = {**spec_config("draft_model", smollm2_path), "model": str(draft)}
     with pytest.raises(ValueError, match=r"has intermediate_size=512, which does not split over "
                                          r"tensor_parallel_size=3\. Fix"):
         _config(smollm2_path, tensor_parallel_size=3, speculative_config=spec)

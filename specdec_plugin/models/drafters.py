@@ -3,7 +3,9 @@
 Shipped under ``specdec_plugin/assets/drafters/`` (trained on text the target generated itself;
 recipe and measured agreement in ``training/README.md``; packed as row-wise int8, see below):
 
-- ``draft_model``: a 2-layer, 144-wide Llama with the target's tokenizer (tied embeddings).
+- ``draft_model``: four of the target's own layers (0, 10, 20, 29) at its width, trained as a
+  draft; its tied embedding is the target's and is not shipped (``draft_model_tensors`` reads
+  it from the target's checkpoint).
 - ``eagle``: an EAGLE-1 head (fc 2d->d + one decoder layer); embed/lm_head come from the target.
 - ``eagle3``: an EAGLE-3 head (fc over target layers 2/15/27, one decoder layer, own norm and a
   16320-token draft vocabulary with d2t/t2d maps); embeddings come from the target.

@@ -10,10 +10,11 @@ draft model) and padded_drafters.py (EAGLE-1 / EAGLE-3 heads).
 - target: hidden 576 -> 2304, heads 9/3 -> 36/12 (head_dim 64), MLP 1536 -> 14336, layers
   30 -> 60 (30 appended zero-output layers), vocab 49152, tied embeddings:
   6,908,297,472 parameters (13.8 GB in bf16);
-- draft_model (the shipped 2-layer, 144-wide Llama): hidden 144 -> 576, heads 3/3 -> 12/12, MLP
-  512 -> 2048, layers 2 -> 16: 113,265,216 parameters, 1.6% of the target, like the small
-  draft models paired with 7B targets. Its vocab and tied embeddings are the target's, so
-  nothing stops padding it;
+- draft_model (the shipped draft: 4 of SmolLM2's own layers at its width, session 35): padded
+  exactly as the target's layers are (hidden 2304, heads 36/12, MLP 14336), 4 layers, so it
+  stays 4 of the padded target's layers: 566,251,776 parameters, 8.2% of the target. Its vocab
+  and tied embedding are the target's (the shipped file leaves the embedding out; it is read
+  from SmolLM2's checkpoint, ``drafters.draft_model_tensors``);
 - eagle / eagle3 heads: hidden 2304 (they read the target's hidden states), heads 36/12, MLP
   14336 (a 7B target's layer, as real EAGLE heads for 7-8B targets have), one layer each;
   EAGLE-3's aux layers stay 2/15/27, set explicitly in its config. EAGLE-1: 123,865,344
@@ -22,8 +23,8 @@ draft model) and padded_drafters.py (EAGLE-1 / EAGLE-3 heads).
 - mtp is not built: vLLM runs MTP only with a target whose architecture carries the layer
   (MiMo, a Qwen2 with q/k/v biases), which means a second 14 GB target of another architecture.
 
-``PADDED_TEST``: the same widths with MLPs 2048 (1536 for the draft model) and 2 appended target
-layers, about 1.0B target parameters: a quick end-to-end check of loading in vLLM.
+``PADDED_TEST``: the same widths with MLPs 2048 and 2 appended target layers, about 1.0B target
+parameters: a quick end-to-end check of loading in vLLM.
 
 ``build_padded_checkpoints(out_dir, small_target_dir, shape=PADDED_7B, kinds=...)`` writes
 ``out_dir/<kind>`` for kind in "target", "draft_model", "eagle", "eagle3" (bf16 safetensors,
@@ -48,6 +49,7 @@ from specdec_plugin.models.cache import build_atomically, read_marker
 from specdec_plugin.models.smollm2 import sha256_of
 from specdec_plugin.models.drafters import (
     TOKENIZER_FILES,
+    draft_model_tensors,
     load_shipped_tensors,
     shipped_files,
 )
@@ -62,7 +64,7 @@ from specdec_plugin.models.padded_llama import (
 KINDS = ("target", "draft_model", "eagle", "eagle3")
 DRAFTER_METHODS = {"draft_model": "draft_model", "eagle": "eagle", "eagle3": "eagle3"}
 MAX_SHARD_BYTES = 5 * 10**9
-BUILD_VERSION = "padded-v1"
+BUILD_VERSION = "padded-v2"  # v2: the draft model is read with the target's embedding
 
 
 @dataclass(frozen=True)
@@ -80,10 +82,10 @@ class PaddedShapes:
 
 
 PADDED_7B = PaddedShapes(target=PaddedShape(2304, 36, 12, 14336, 60),
-                         draft_model=PaddedShape(576, 12, 12, 2048, 16),
+                         draft_model=PaddedShape(2304, 36, 12, 14336, 4),
                          head_intermediate_size=14336)
 PADDED_TEST = PaddedShapes(target=PaddedShape(2304, 36, 12, 2048, 32),
-                           draft_model=PaddedShape(576, 12, 12, 1536, 4),
+                           draft_model=PaddedShape(2304, 36, 12, 2048, 4),
                            head_intermediate_size=2048)
 SHAPES = {"7b": PADDED_7B, "test": PADDED_TEST}
 
@@ -170,7 +172,7 @@ def _build_draft_model(small_dir: Path, folder: Path, shape: PaddedShape, seed: 
     config = json.loads(shipped_files("draft_model")[1].read_text())
     padded = padded_config(config, shape, str(dtype).removeprefix("torch."))
     _log(f"draft_model: {llama_param_count(padded):,} parameters -> {folder}")
-    tensors = iter_padded_llama(load_shipped_tensors("draft_model"), config, shape, seed,
+    tensors = iter_padded_llama(draft_model_tensors(small_dir), config, shape, seed,
                                 dtype=dtype, device=device)
     write_sharded(tensors, folder)
     _write_config(folder, padded)
