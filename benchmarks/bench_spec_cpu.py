@@ -11,6 +11,10 @@ Prints generated tokens per wall second (median of repeats), the ratio to no spe
 mean acceptance length and per-position acceptance, from vLLM's own spec-decode counters.
 
     python benchmarks/bench_spec_cpu.py [--methods ngram,suffix,eagle] [--json out.json]
+        [--extra-assets old=DIR --methods draft_model,draft_model@old]
+
+``--extra-assets LABEL=DIR`` also times the drafters of an assets tree laid out as
+``specdec_plugin/assets/drafters`` (e.g. an earlier commit's) as ``KIND@LABEL``, in the same run.
 
 MTP's baseline is SmolLM2 without speculation (its MiMo-format target computes the same
 function with one extra layer's weights that plain decoding never runs).
@@ -49,8 +53,11 @@ def humaneval_prompts(n: int) -> list[str]:
         return [json.loads(line)["prompt"] for line in f][:n]
 
 
-def spec_configs(smollm2: str) -> dict[str, tuple[str, dict | None]]:
+def spec_configs(smollm2: str, extra_assets: list[str] = ()) -> dict[str, tuple[str, dict | None]]:
     """name -> (target model, speculative_config). MTP runs on SmolLM2 with an MTP layer."""
+    import tempfile
+    from pathlib import Path
+
     from specdec_plugin.models.drafters import KINDS, speculative_config, target_for
 
     configs: dict[str, tuple[str, dict | None]] = {
@@ -62,6 +69,15 @@ def spec_configs(smollm2: str) -> dict[str, tuple[str, dict | None]]:
     for kind in KINDS:
         # One MTP layer drafts one token per step.
         configs[kind] = (str(target_for(kind)), speculative_config(kind, 1 if kind == "mtp" else K))
+    for item in extra_assets:
+        label, folder = item.split("=", 1)
+        # Their own checkpoint cache, or they would replace the shipped drafters' there.
+        cache = tempfile.mkdtemp(prefix=f"specdec_assets_{label}_")
+        for kind in KINDS:
+            if (Path(folder) / kind).is_dir():
+                configs[f"{kind}@{label}"] = (
+                    str(target_for(kind, cache, folder)),
+                    speculative_config(kind, 1 if kind == "mtp" else K, cache, folder))
     return configs
 
 
@@ -108,13 +124,15 @@ def main() -> None:
     parser.add_argument("--methods", default=None, help="comma list; default: all available")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--extra-assets", action="append", default=[], metavar="LABEL=DIR",
+                        help="also time the drafters under DIR (an assets tree) as KIND@LABEL")
     args = parser.parse_args()
 
     from vllm import LLM
 
     from specdec_plugin.models import fetch_smollm2
 
-    configs = spec_configs(str(fetch_smollm2()))
+    configs = spec_configs(str(fetch_smollm2()), args.extra_assets)
     if args.methods:
         wanted = ["none", *args.methods.split(",")]
         configs = {name: configs[name] for name in wanted}
