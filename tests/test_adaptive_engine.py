@@ -37,7 +37,12 @@ def _run(engines, target, spec, one_at_a_time=False):
 
 
 @pytest.mark.parametrize("method", ["ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp"])
-def test_adaptive_greedy_output_equals_no_speculation(engines, smollm2_path, method):
+def test_adaptive_greedy_output_equals_no_speculation(engines, smollm2_path, method, monkeypatch):
+    # At batch 8 on 2 busy cores the start-up table can show verification nearly doubling a
+    # step (session 35: 39 ms for 8 tokens, 67 ms for 16), so the controller drafts nothing
+    # from the start, rightly, and the budgeted first probe falls past these 40 steps: the
+    # check below would be vacuous. Probes every 16 steps keep drafts in the run.
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_PROBE_BUDGET", "0")
     target = target_for(method, smollm2_path)
     baseline = engines.plain_greedy(target, PROMPTS, MAX_TOKENS)
     got, delta = _run(engines, target, spec_config(method, smollm2_path))
