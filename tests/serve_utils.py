@@ -81,6 +81,11 @@ class ServerStartError(RuntimeError):
 # When the engine core dies during start-up, the API server can stay alive without ever
 # answering /health; these log lines mean it will not come up.
 FATAL_START_MARKERS = ("EngineDeadError", "Engine core initialization failed")
+# A port the server picked (its HTTP port, or one its engine core took for torch.distributed)
+# was bound by another process first. Servers start side by side here, so this happens (CI
+# simulation, session 35: EADDRINUSE on the engine core's store port); it is not the server's
+# fault, and ``wait_ready`` starts it once more on a fresh port.
+PORT_TAKEN_MARKERS = ("EADDRINUSE", "address already in use")
 
 
 class VllmServer:
@@ -132,13 +137,43 @@ class VllmServer:
         return "\n".join(text.splitlines()[-lines:])
 
     def _log_has_fatal_marker(self) -> bool:
+        return self._log_has(FATAL_START_MARKERS)
+
+    def wait_ready(self, timeout_s: float = 240.0, poll_s: float = 1.0,
+                   port_clash_retries: int = 1) -> None:
+        try:
+            self._wait_ready_once(timeout_s, poll_s)
+        except ServerStartError:
+            if port_clash_retries <= 0 or not self._log_has(PORT_TAKEN_MARKERS):
+                raise
+            self._restart_on_a_fresh_port()
+            self.wait_ready(timeout_s, poll_s, port_clash_retries - 1)
+
+    def _log_has(self, markers) -> bool:
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:
             return False
-        return any(marker in text for marker in FATAL_START_MARKERS)
+        return any(marker in text for marker in markers)
 
-    def wait_ready(self, timeout_s: float = 240.0, poll_s: float = 1.0) -> None:
+    def _restart_on_a_fresh_port(self) -> None:
+        # The whole group: the API server may be gone while its engine core is not.
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=30)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        # The failed start's log is kept beside the new one.
+        self.log_path.replace(self.log_path.with_name(self.log_path.name + ".port-clash"))
+        self.port = free_loopback_port()
+        at = self.command.index("--port")
+        self.command[at + 1] = str(self.port)
+        self.start()
+
+    def _wait_ready_once(self, timeout_s: float, poll_s: float) -> None:
         assert self.process is not None, "start() first"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
