@@ -157,12 +157,8 @@ class VllmServer:
         return any(marker in text for marker in markers)
 
     def _restart_on_a_fresh_port(self) -> None:
-        # The whole group: the API server may be gone while its engine core is not.
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait(timeout=30)
+        # The whole group, not kill(): the API server has exited, its engine core may not have.
+        self._kill_group()
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -217,6 +213,9 @@ class VllmServer:
         """Last resort: SIGKILL the server's process group (its engine core included)."""
         if self.process is None or self.process.poll() is not None:
             return
+        self._kill_group()
+
+    def _kill_group(self) -> None:
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -117,9 +117,9 @@ def test_draft_model_that_does_not_split_is_refused_before_loading(smollm2_path,
     draft = tmp_path / "draft"
     draft.mkdir()
     for item in shipped.iterdir():
-        os.symlink(item, draft / item.name)
+        if item.name != "config.json":
+            os.symlink(item, draft / item.name)
     config = json.loads((shipped / "config.json").read_text())
-    (draft / "config.json").unlink()
     (draft / "config.json").write_text(json.dumps({**config, "intermediate_size": 512}))
     _config(smollm2_path, tensor_parallel_size=3,
             speculative_config=spec_config("draft_model", smollm2_path))  # the shipped: accepted

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
+from specdec_plugin.models.drafters import TARGET_EMBEDDING as EMBEDDING
 from training import configs
 
-EMBEDDING = "model.embed_tokens.weight"
 # Set on a module whose embedding is the target's: its export leaves the embedding out.
 SHARES_TARGET_EMBEDDING = "specdec_shares_target_embedding"
 

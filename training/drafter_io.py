@@ -60,15 +60,15 @@ def draft_model_from_tensors(config: dict, tensors: dict, target_embedding=None)
     state = {k: v.float() for k, v in tensors.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     # lm_head is tied to the embedding and not stored.
-    allowed = {"lm_head.weight"}
-    if draft_from_target.EMBEDDING not in tensors:
-        if target_embedding is None:
-            raise ValueError("this draft model's file has no embedding (it is the target's): "
-                             "pass target_embedding")
-        allowed.add(draft_from_target.EMBEDDING)
+    shares_target_embedding = draft_from_target.EMBEDDING not in tensors
+    if shares_target_embedding and target_embedding is None:
+        raise ValueError("this draft model's file has no embedding (it is the target's): "
+                         "pass target_embedding")
+    allowed = {"lm_head.weight"} | ({draft_from_target.EMBEDDING} if shares_target_embedding
+                                    else set())
     assert set(missing) <= allowed and not unexpected, (missing, unexpected)
     model.tie_weights()
-    if draft_from_target.EMBEDDING not in tensors:
+    if shares_target_embedding:
         draft_from_target.share_target_embedding(model, target_embedding)
     return model
 

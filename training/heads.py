@@ -116,7 +116,7 @@ class MLP(nn.Module):
         for name in ("gate_proj", "up_proj"):
             w = getattr(self, name).weight
             extra = (torch.rand(inter - old, hidden, generator=gen) * 2 - 1) * bound
-            grown[name] = torch.cat([w.detach().cpu(), extra.to(w.dtype)]).to(w.device)
+            grown[name] = torch.cat([w.detach(), extra.to(w)])
         w = self.down_proj.weight
         grown["down_proj"] = torch.cat([w.detach(), w.new_zeros(hidden, inter - old)], dim=1)
         for name, weight in grown.items():

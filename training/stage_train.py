@@ -135,11 +135,13 @@ def build_drafters(args, target, vocab_ids_fresh, shape, log):
     else:
         draft_cfg = configs.draft_model_config(args.draft_hidden, args.draft_layers,
                                                args.draft_inter, args.draft_heads)
+    # A resumed draft cut from the target gets the target's embedding back (drafter_io.py).
+    target_embedding = emb.float().cpu()
     out = {}
     for kind in args.kinds.split(","):
         fresh = kind in args.fresh.split(",")
         module = None if fresh else load_for_resume(args.init, kind, draft_cfg, log,
-                                                    target_embedding=emb.float().cpu())
+                                                    target_embedding=target_embedding)
         resumed = module is not None
         if resumed and kind == "eagle3" and args.revocab and not torch.equal(
                 module.vocab_ids.cpu(), vocab_ids_fresh.cpu()):
