@@ -198,7 +198,8 @@ def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> 
     engine.update(overrides)
     job = {"backend": runner_backend, "model": target, "engine": engine,
            "max_tokens": args.max_tokens, "batches": args.batches, "repeats": args.repeats,
-           "warmups": args.warmups, "env": dict(env)}
+           "warmups": args.warmups, "env": dict(env),
+           "batch1_prompts": args.batch1_prompts}
     job.update({k: v for k, v in workload.items()
                 if k in ("prompts", "prompt_token_ids", "workloads")})
     if backend == "native" and args.native_runner == "v1":
@@ -326,6 +327,9 @@ def main() -> None:
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="GPUs per engine (both backends; vLLM's NCCL process groups)")
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--batch1-prompts", type=int, default=1,
+                        help="time batch 1 over this many prompts, one request after another "
+                             "in each run (default 1: the first prompt alone)")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmups", type=int, default=2)
@@ -359,6 +363,7 @@ def main() -> None:
     target, specs, workload = SETUPS[args.model](args)
     report = {"model": args.model, "k": args.k, "batches": args.batches,
               "max_tokens": args.max_tokens, "repeats": args.repeats,
+              "warmups": args.warmups, "batch1_prompts": args.batch1_prompts,
               "acceptance_length_setting": args.acceptance_length if args.model.endswith("-random") else None,
               "tensor_parallel_size": args.tensor_parallel_size,
               "native_runner": args.native_runner,

@@ -14,6 +14,8 @@ A job is a dict:
                  in the same engine (results keyed "name:batch")
     max_tokens   output tokens per request (greedy, ``ignore_eos``)
     batches      request counts to time, e.g. [1, 16]: prompts are taken round-robin
+    batch1_prompts  batch 1 timed over this many prompts, one request after another in each
+                 run (default 1: the first prompt alone, whose one answer decides the cell)
     repeats      timed runs per batch (median reported)
     warmups      untimed runs before them (default 2)
     tokens       true: also return the generated token ids of the first timed run
@@ -78,6 +80,18 @@ def requests_for(job: dict, batch: int) -> list:
     return [prompts[i % len(prompts)] for i in range(batch)]
 
 
+def cell_rounds(job: dict, batch: int, prompts_key: dict | None = None) -> list[list]:
+    """What one timed run of a batch size sends: a list of rounds, each one ``generate`` call.
+    A batch of n is one round of n requests; batch 1 with ``batch1_prompts`` N is N rounds of
+    one request each (the first N prompts in turn), so that one prompt's answer does not
+    decide the batch-1 figure."""
+    source = prompts_key if prompts_key is not None else job
+    if batch != 1:
+        return [requests_for(source, batch)]
+    count = max(1, int(job.get("batch1_prompts", 1)))
+    return [[request] for request in requests_for(source, count)]
+
+
 def decode_ms_per_token(outputs) -> float | None:
     """The batch's decode phase in ms per generated token (module docstring); None where vLLM
     kept no timestamps (log stats off) or a request generated one token or none."""
@@ -127,28 +141,30 @@ def run_job(job: dict) -> dict:
               "batches": {}}
     params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
     if "workloads" in job:
-        cells = [(f"{name}:{batch}", requests_for({"prompts": prompts}, batch))
+        cells = [(f"{name}:{batch}", cell_rounds(job, batch, {"prompts": prompts}), batch)
                  for name, prompts in job["workloads"].items() for batch in job["batches"]]
     else:
-        cells = [(str(batch), requests_for(job, batch)) for batch in job["batches"]]
-    for key, requests in cells:
-        batch = len(requests)
+        cells = [(str(batch), cell_rounds(job, batch), batch) for batch in job["batches"]]
+    for key, rounds, batch in cells:
         # Warm-up with the same shapes as the timed runs. One was not enough on the H100
         # (2026-11-22): our engines' first timed runs were still slower (kernel JIT).
         for _ in range(job.get("warmups", 2)):
-            llm.generate(requests, params, use_tqdm=False)
+            for requests in rounds:
+                llm.generate(requests, params, use_tqdm=False)
         before = _spec_counters(llm)
         walls, windows, decode, tokens = [], [], [], None
         for _ in range(job.get("repeats", 3)):
             start_clock = time.strftime("%H:%M:%S")  # to place the engine's log lines (JIT)
             t0 = time.perf_counter()
-            outputs = llm.generate(requests, params, use_tqdm=False)
+            outputs = [llm.generate(requests, params, use_tqdm=False) for requests in rounds]
             walls.append(time.perf_counter() - t0)
             windows.append([start_clock, time.strftime("%H:%M:%S")])
-            decode.append(decode_ms_per_token(outputs))
+            phases = [decode_ms_per_token(out) for out in outputs]
+            decode.append(None if None in phases else statistics.mean(phases))
             if tokens is None:
-                tokens = [list(o.outputs[0].token_ids) for o in outputs]
+                tokens = [list(o.outputs[0].token_ids) for out in outputs for o in out]
         entry = timed_entry(walls, decode, tokens, batch, _delta(_spec_counters(llm), before))
+        entry["prompts_timed"] = len(tokens)
         entry["run_clock_windows"] = windows
         if job.get("tokens"):
             entry["token_ids"] = tokens

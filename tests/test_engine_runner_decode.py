@@ -35,3 +35,22 @@ def test_no_figure_without_timestamps():
     assert decode_ms_per_token([SimpleNamespace(metrics=None)]) is None
     assert decode_ms_per_token([_output(1.0, 1.0, 1)]) is None
     assert decode_ms_per_token([]) is None
+
+
+def test_batch_one_over_several_prompts_sends_them_one_at_a_time():
+    from tests.engine_runner import cell_rounds
+
+    rng = random.Random()
+    prompts = [f"prompt {rng.random()}" for _ in range(rng.randrange(3, 9))]
+    count = rng.randrange(2, 12)
+    rounds = cell_rounds({"prompts": prompts, "batch1_prompts": count}, 1)
+    assert rounds == [[prompts[i % len(prompts)]] for i in range(count)]
+    # Other batch sizes are one round of that many requests, whatever the setting.
+    assert cell_rounds({"prompts": prompts, "batch1_prompts": count}, 4) == [
+        [prompts[i % len(prompts)] for i in range(4)]]
+    # Unset: batch 1 is the first prompt alone, as before.
+    assert cell_rounds({"prompts": prompts}, 1) == [[prompts[0]]]
+    # A workload's prompts replace the job's own.
+    other = [f"other {rng.random()}" for _ in range(3)]
+    assert cell_rounds({"prompts": prompts, "batch1_prompts": 2}, 1, {"prompts": other}) == [
+        [other[0]], [other[1]]]
