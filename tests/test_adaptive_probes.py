@@ -90,3 +90,27 @@ def test_a_new_request_at_batch_64_is_probed_within_the_first_interval():
     joined = batch[1:] + ["new"]
     drafted = _probe_steps(controller, joined, first + 1)
     assert len(drafted) == 1 and drafted[0] <= first, (drafted, first)
+
+
+# The CPU draft model's start-up table at batch 1 (issue 11, session 36, ms): a one-token probe
+# costs ~38% over a plain step, so the budget alone would wait 76 plain steps for it.
+CPU_DRAFT = CostTable((1, 2, 4, 8), (17.2e-3, 19.0e-3, 19.3e-3, 32.0e-3),
+                      (1.95e-3, 2.69e-3, 3.01e-3, 3.86e-3), drafter_syncs_at_zero=True,
+                      drafter_sync_every=8, drafter_sample_s=(1.85e-3, 1.87e-3, 1.87e-3, 3.69e-3))
+
+
+def test_a_new_request_that_is_the_whole_batch_is_probed_within_the_fixed_interval():
+    controller = DraftLengthController(3, CPU_DRAFT, learn_costs=False)
+    budgeted = _expected_first(controller, 1)
+    assert budgeted > 4 * FIRST_PROBE_EVERY  # the probe is dear: the budget holds it back
+    drafted = _probe_steps(controller, ["old"], 20 + budgeted)
+    start = [i for i in drafted if i < 10]
+    # The request whose drafts missed waits the budgeted interval for its probe.
+    assert [i for i in drafted if i >= 10][0] == start[-1] + budgeted, (drafted, budgeted)
+    _probe_steps(controller, ["old"], 40)  # mid-interval when the next request arrives
+    # It finishes; the next request has no evidence of its own: probed within the fixed first
+    # interval, not after the earlier request's budgeted one (longer than a 64-token request).
+    drafted = _probe_steps(controller, ["next"], FIRST_PROBE_EVERY)
+    assert len(drafted) == 1 and drafted[0] < FIRST_PROBE_EVERY, drafted
+    # Once it has evidence, probes back off from there as before.
+    assert controller.probe_every == 2 * FIRST_PROBE_EVERY
