@@ -76,9 +76,9 @@ class RefTracker:
     def forget(self, req_id):
         self._requests.pop(req_id, None)
 
-    def has_unseen(self, req_ids):
+    def count_unseen(self, req_ids):
         # Not part of the earlier code: added with the probes for new requests (controller.py).
-        return any(req_id not in self._requests for req_id in req_ids)
+        return sum(req_id not in self._requests for req_id in req_ids)
 
     def engine_rates(self):
         s = self.settings

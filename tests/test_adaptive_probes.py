@@ -114,3 +114,7 @@ def test_a_new_request_that_is_the_whole_batch_is_probed_within_the_fixed_interv
     assert len(drafted) == 1 and drafted[0] < FIRST_PROBE_EVERY, drafted
     # Once it has evidence, probes back off from there as before.
     assert controller.probe_every == 2 * FIRST_PROBE_EVERY
+    # Its drafts missed too. The request after it, again new and the whole batch (the same
+    # batch shape as before), is probed as soon, not after the doubled interval.
+    drafted = _probe_steps(controller, ["third"], FIRST_PROBE_EVERY)
+    assert len(drafted) == 1 and drafted[0] < FIRST_PROBE_EVERY, drafted

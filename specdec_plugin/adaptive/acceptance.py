@@ -71,7 +71,7 @@ class AcceptanceTracker:
         self._pending: list[tuple[str, int, int]] = []
         # engine_rates() of the current engine counts; None once they change.
         self._engine_rates: np.ndarray | None = None
-        # Bumped whenever anything batch_rates() or has_unseen() read may have changed (a fold
+        # Bumped whenever anything batch_rates() or count_unseen() read may have changed (a fold
         # of new results, the engine counts, a request's row released), so that a caller can
         # keep what it derived from them while this stays the same (the controller's decision
         # on steps that draft nothing, controller.py).
@@ -135,11 +135,11 @@ class AcceptanceTracker:
             self._engine_rates = None
             self.version += 1
 
-    def has_unseen(self, req_ids) -> bool:
-        """Whether any of ``req_ids`` has no verification result of its own yet."""
+    def count_unseen(self, req_ids) -> int:
+        """How many of ``req_ids`` have no verification result of their own yet."""
         self._fold()
         index = self._rows.index
-        return any(req_id not in index for req_id in req_ids)
+        return sum(req_id not in index for req_id in req_ids)
 
     def forget(self, req_id: str) -> None:
         self._fold()  # its pending results still count for the engine, as they did

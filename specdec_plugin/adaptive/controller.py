@@ -94,6 +94,7 @@ class DraftLengthController:
         self.probe_length = min(drafting, key=lambda k: abs(k - PROBE_LENGTH)) if drafting else 0
         self.probe_every = FIRST_PROBE_EVERY
         self._first_probe = FIRST_PROBE_EVERY  # the last first interval set (_first_probe_every)
+        self._unseen_batch = None  # (batch size, new requests) the interval last answered
         self._plain_steps = 0
         # How many steps chose each length: read by tests and the benchmark.
         self.choices: Counter[int] = Counter()
@@ -135,12 +136,16 @@ class DraftLengthController:
 
     def choose(self, req_ids: Sequence[str]) -> int:
         self.tracker.end_step()
-        # While off, requests with no evidence of their own bring the next probe forward.
-        if (self.last_k == 0 and self.probe_every > FIRST_PROBE_EVERY
-                and self.tracker.has_unseen(req_ids)):
-            unseen = sum(self.tracker.has_unseen((req_id,)) for req_id in req_ids)
-            self.probe_every = min(self.probe_every,
-                                   self._first_probe_every(len(req_ids), unseen))
+        # While off, requests with no evidence of their own bring the next probe forward. The
+        # interval depends only on the batch size and how many are new, so it is worked out
+        # again only when those change (not every plain step while a request waits).
+        if self.last_k == 0 and self.probe_every > FIRST_PROBE_EVERY:
+            unseen = self.tracker.count_unseen(req_ids)
+            batch = (len(req_ids), unseen) if unseen else None
+            if batch is not None and batch != self._unseen_batch:
+                self.probe_every = min(self.probe_every,
+                                       self._first_probe_every(len(req_ids), unseen))
+            self._unseen_batch = batch
         drafting = self.last_k is None or self.last_k > 0
         # While nothing is drafted, nothing the policy reads changes from step to step: no
         # results arrive (the tracker's version stays), the batch is the same requests, and a
