@@ -112,9 +112,26 @@ def test_a_new_request_that_is_the_whole_batch_is_probed_within_the_fixed_interv
     # interval, not after the earlier request's budgeted one (longer than a 64-token request).
     drafted = _probe_steps(controller, ["next"], FIRST_PROBE_EVERY)
     assert len(drafted) == 1 and drafted[0] < FIRST_PROBE_EVERY, drafted
-    # Once it has evidence, probes back off from there as before.
-    assert controller.probe_every == 2 * FIRST_PROBE_EVERY
+    # That probe counts as the budgeted first one: the next waits twice the budgeted interval.
+    assert controller.probe_every == 2 * budgeted
     # Its drafts missed too. The request after it, again new and the whole batch (the same
     # batch shape as before), is probed as soon, not after the doubled interval.
     drafted = _probe_steps(controller, ["third"], FIRST_PROBE_EVERY)
     assert len(drafted) == 1 and drafted[0] < FIRST_PROBE_EVERY, drafted
+
+
+def test_fresh_batches_whose_drafts_miss_are_probed_as_often_as_the_budget_says():
+    # Batch 64, every draft rejected, 64 new requests every 128 steps (issue 11's headline
+    # benchmark): each batch is probed early, once, and not again within its run; the early
+    # probe takes the budgeted one's place rather than adding to it.
+    controller = DraftLengthController(K, STEEP, learn_costs=False)
+    assert _expected_first(controller, 64) > FIRST_PROBE_EVERY
+    per_run = []
+    for run in range(6):
+        batch = [f"run{run}-{i}" for i in range(64)]
+        drafted = _probe_steps(controller, batch, 128)
+        for req in batch:
+            controller.forget(req)
+        per_run.append(drafted)
+    for drafted in per_run[1:]:  # the first run also drafts at start, before turning off
+        assert len(drafted) == 1 and drafted[0] < FIRST_PROBE_EVERY, per_run

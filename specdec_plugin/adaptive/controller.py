@@ -22,7 +22,10 @@ cost about 2% of a run whose new requests kept the interval at its first value.
 The budget is for probing requests whose own drafts were seen to miss: the share of a
 probe spent on requests with no evidence yet (new ones) is not charged to it. A new request
 that is the whole batch is probed within ``FIRST_PROBE_EVERY`` steps; one new request among 64
-waits about as long as the budget says. Why: on a CPU the draft model's probe at batch 1
+waits about as long as the budget says. Such a probe counts as the budgeted first one: the
+next comes after twice the budgeted interval (not twice ``FIRST_PROBE_EVERY``), so a batch of
+new requests whose drafts keep missing is probed as often as before, only sooner (at batch 64
+with every draft rejected and fresh requests every 128 steps, once per run either way). Why: on a CPU the draft model's probe at batch 1
 costs ~38% over a plain step (issue 11, session 36), so the budget made the first interval 76
 steps, longer than the benchmark's 64-token requests: requests that arrived while drafting
 was off were served without a single probe, on the evidence of an earlier request.
@@ -93,7 +96,6 @@ class DraftLengthController:
         drafting = [k for k in self.allowed if k > 0]
         self.probe_length = min(drafting, key=lambda k: abs(k - PROBE_LENGTH)) if drafting else 0
         self.probe_every = FIRST_PROBE_EVERY
-        self._first_probe = FIRST_PROBE_EVERY  # the last first interval set (_first_probe_every)
         self._unseen_batch = None  # (batch size, new requests) the interval last answered
         self._plain_steps = 0
         # How many steps chose each length: read by tests and the benchmark.
@@ -126,13 +128,10 @@ class DraftLengthController:
 
     def _first_probe_every(self, num_reqs: int, unseen: int = 0) -> int:
         if self.probe_length == 0 or num_reqs == 0:
-            self._first_probe = FIRST_PROBE_EVERY
-        else:
-            self._first_probe = first_probe_every(
-                self.cost.step_time(num_reqs, self.probe_length),
-                self.cost.step_time(num_reqs, 0), self.probe_budget,
-                known_share=1.0 - unseen / num_reqs)
-        return self._first_probe
+            return FIRST_PROBE_EVERY
+        return first_probe_every(self.cost.step_time(num_reqs, self.probe_length),
+                                 self.cost.step_time(num_reqs, 0), self.probe_budget,
+                                 known_share=1.0 - unseen / num_reqs)
 
     def choose(self, req_ids: Sequence[str]) -> int:
         self.tracker.end_step()
@@ -174,7 +173,12 @@ class DraftLengthController:
             self._plain_steps += 1
             if self._plain_steps >= self.probe_every:
                 self._plain_steps = 0
-                self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
+                # Backed off from at least the budgeted interval: a probe brought forward for
+                # new requests counts as the budgeted first probe, so a batch of new requests
+                # whose drafts keep missing is probed no more often than before, only sooner.
+                self.probe_every = min(2 * max(self.probe_every,
+                                               self._first_probe_every(len(req_ids))),
+                                       MAX_PROBE_EVERY)
                 self.probes += 1
                 self.choices[self.probe_length] += 1
                 return self.probe_length  # a probe is not a change of regime
