@@ -13,6 +13,10 @@ mean acceptance length and per-position acceptance, from vLLM's own spec-decode 
     python benchmarks/bench_spec_cpu.py [--methods ngram,suffix,eagle] [--json out.json]
         [--extra-assets old=DIR --methods draft_model,draft_model@old]
 
+A method written ``METHOD:static`` (``--methods draft_model,draft_model:static``) runs with the
+adaptive controller off (``SPECDEC_ADAPTIVE=0``: K drafts every step), so that adaptive
+drafting, static K and plain decoding are timed in one run (issue 11's bar compares them).
+
 ``--extra-assets LABEL=DIR`` also times the drafters of an assets tree laid out as
 ``specdec_plugin/assets/drafters`` (e.g. an earlier commit's) as ``KIND@LABEL``, in the same run.
 
@@ -135,7 +139,12 @@ def main() -> None:
     configs = spec_configs(str(fetch_smollm2()), args.extra_assets)
     if args.methods:
         wanted = ["none", *args.methods.split(",")]
-        configs = {name: configs[name] for name in wanted}
+        modes = {name: name.partition(":")[2] for name in wanted}
+        unknown = sorted(name for name, mode in modes.items() if mode not in ("", "static"))
+        if unknown:
+            parser.error(f"--methods: {unknown}: the only suffix is ':static'")
+        configs = {name: configs[name.partition(":")[0]] for name in wanted}
+    adaptive_env = os.environ.get("SPECDEC_ADAPTIVE")
     passes = args.repeats + 1  # warm-up + timed
     humaneval = humaneval_prompts(4 * passes * 2)
     # Code edits: the same instruction on a different function name each pass and request.
@@ -144,6 +153,13 @@ def main() -> None:
 
     results = []
     for name, (target, spec) in configs.items():
+        # Read when the engine starts (in its process, which inherits this environment).
+        if name.endswith(":static"):
+            os.environ["SPECDEC_ADAPTIVE"] = "0"
+        elif adaptive_env is None:
+            os.environ.pop("SPECDEC_ADAPTIVE", None)
+        else:
+            os.environ["SPECDEC_ADAPTIVE"] = adaptive_env
         llm = LLM(model=target, dtype="float32", max_model_len=1024, enable_prefix_caching=False,
                   disable_log_stats=False, speculative_config=spec, seed=0)
         for workload, prompts in workloads.items():
@@ -159,10 +175,10 @@ def main() -> None:
         del llm
 
     base = {(r["workload"], r["batch"]): r["tokens_per_s"] for r in results if r["method"] == "none"}
-    print(f"\n{'method':<14}{'workload':<11}{'batch':>5}{'tok/s':>9}{'vs none':>9}{'accept len':>12}  per-position")
+    print(f"\n{'method':<20}{'workload':<11}{'batch':>5}{'tok/s':>9}{'vs none':>9}{'accept len':>12}  per-position")
     for r in results:
         ratio = r["tokens_per_s"] / base[(r["workload"], r["batch"])]
-        print(f"{r['method']:<14}{r['workload']:<11}{r['batch']:>5}{r['tokens_per_s']:>9.2f}{ratio:>9.2f}"
+        print(f"{r['method']:<20}{r['workload']:<11}{r['batch']:>5}{r['tokens_per_s']:>9.2f}{ratio:>9.2f}"
               f"{r.get('acceptance_length', float('nan')):>12.2f}  {r.get('per_position', '')}")
     if args.json:
         with open(args.json, "w") as f:
