@@ -13,9 +13,11 @@ mean acceptance length and per-position acceptance, from vLLM's own spec-decode 
     python benchmarks/bench_spec_cpu.py [--methods ngram,suffix,eagle] [--json out.json]
         [--extra-assets old=DIR --methods draft_model,draft_model@old]
 
-A method written ``METHOD:static`` (``--methods draft_model,draft_model:static``) runs with the
-adaptive controller off (``SPECDEC_ADAPTIVE=0``: K drafts every step), so that adaptive
-drafting, static K and plain decoding are timed in one run (issue 11's bar compares them).
+A method written ``METHOD:VARIANT`` runs that engine with the environment of ``VARIANTS``:
+``draft_model:static`` with the adaptive controller off (``SPECDEC_ADAPTIVE=0``: K drafts every
+step), ``ngram:observed`` with its cost table corrected by observed step times, so that
+adaptive drafting, its variants, static K and plain decoding are timed in one run (issue 11's
+bar compares them).
 
 ``--extra-assets LABEL=DIR`` also times the drafters of an assets tree laid out as
 ``specdec_plugin/assets/drafters`` (e.g. an earlier commit's) as ``KIND@LABEL``, in the same run.
@@ -34,6 +36,12 @@ import time
 
 K = 3
 MAX_TOKENS = 64
+# METHOD:VARIANT -> the environment its engine starts with (read in the engine's process).
+VARIANTS = {
+    "": {},
+    "static": {"SPECDEC_ADAPTIVE": "0"},
+    "observed": {"SPECDEC_ADAPTIVE_OBSERVED_COST": "1"},
+}
 
 CODE_EDIT = '''Rewrite the function below, renaming `total` to `result`. Reply with the code only.
 
@@ -139,12 +147,12 @@ def main() -> None:
     configs = spec_configs(str(fetch_smollm2()), args.extra_assets)
     if args.methods:
         wanted = ["none", *args.methods.split(",")]
-        modes = {name: name.partition(":")[2] for name in wanted}
-        unknown = sorted(name for name, mode in modes.items() if mode not in ("", "static"))
+        unknown = sorted(name for name in wanted if name.partition(":")[2] not in VARIANTS)
         if unknown:
-            parser.error(f"--methods: {unknown}: the only suffix is ':static'")
+            parser.error(f"--methods: {unknown}: variants are {sorted(VARIANTS)[1:]}")
         configs = {name: configs[name.partition(":")[0]] for name in wanted}
-    adaptive_env = os.environ.get("SPECDEC_ADAPTIVE")
+    variant_keys = {key for env in VARIANTS.values() for key in env}
+    outer_env = {key: os.environ.get(key) for key in variant_keys}
     passes = args.repeats + 1  # warm-up + timed
     humaneval = humaneval_prompts(4 * passes * 2)
     # Code edits: the same instruction on a different function name each pass and request.
@@ -154,12 +162,11 @@ def main() -> None:
     results = []
     for name, (target, spec) in configs.items():
         # Read when the engine starts (in its process, which inherits this environment).
-        if name.endswith(":static"):
-            os.environ["SPECDEC_ADAPTIVE"] = "0"
-        elif adaptive_env is None:
-            os.environ.pop("SPECDEC_ADAPTIVE", None)
-        else:
-            os.environ["SPECDEC_ADAPTIVE"] = adaptive_env
+        for key, value in {**outer_env, **VARIANTS[name.partition(":")[2]]}.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         llm = LLM(model=target, dtype="float32", max_model_len=1024, enable_prefix_caching=False,
                   disable_log_stats=False, speculative_config=spec, seed=0)
         for workload, prompts in workloads.items():

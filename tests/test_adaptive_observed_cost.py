@@ -239,6 +239,9 @@ def test_the_switch(monkeypatch):
         _check_observed_cost_methods()
     from specdec_plugin.device.cuda import CudaDevice
     assert CudaDevice.process_env["SPECDEC_ADAPTIVE_OBSERVED_COST"] == "suffix"
+    # On CPUs, n-gram's (session 36: the table alone kept it from drafting at batch 4).
+    from specdec_plugin.device.cpu import CpuDevice
+    assert CpuDevice.process_env["SPECDEC_ADAPTIVE_OBSERVED_COST"] == "ngram"
     # The estimator: the median unless asked; a name it does not know is refused with the
     # variable's name, where the config is built.
     from specdec_plugin import envs

@@ -32,7 +32,8 @@ was off were served without a single probe, on the evidence of an earlier reques
 
 Costs: the start-up cost table, corrected by the step times the scheduler observes
 (``observe_step_time``, ``observed_cost.py``) where ``learn_costs`` is on
-(``SPECDEC_ADAPTIVE_OBSERVED_COST``: by default on CUDA GPUs, for suffix; envs.py).
+(``SPECDEC_ADAPTIVE_OBSERVED_COST``: by default on CUDA GPUs for suffix, on CPUs for n-gram;
+envs.py).
 A probe's verifying step is an observation of its length, so probes also tell what drafting
 costs while the controller is off.
 

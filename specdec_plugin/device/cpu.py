@@ -45,6 +45,14 @@ class CpuDevice(DeviceLayer):
         # measured (drafter time per plain step 2.96 -> 1.13 ms at batch 1); a user's setting
         # wins. CUDA sets it too (device/cuda.py); NPUs leave it off until it has run on one.
         "SPECDEC_DEFER_DRAFTER_SYNC": "1",
+        # Observed step costs for n-gram (adaptive/observed_cost.py): the start-up table times
+        # the forward pass alone, and on 2 cores a step's host work (scheduling, sampling,
+        # input preparation) roughly doubles a batch-4 step. The table then overstates what
+        # verifying drafts adds, and on the code-edit prompts at batch 4 the controller never
+        # drafted (acceptance length 1.33 from three probes; static K 1.16-1.21x of plain). With
+        # the correction it drafted as static K does there (1.12x and 1.17x in two runs), and
+        # chose the same lengths as before at batch 1 (session 36, BENCHMARKS.md).
+        "SPECDEC_ADAPTIVE_OBSERVED_COST": "ngram",
     }
 
     @classmethod
