@@ -173,8 +173,8 @@ def adaptive_observed_estimator() -> str:
 
 def adaptive_observed_cost_methods() -> frozenset[str] | None:
     """The methods whose controller learns step costs; None: every method. Unset: none here;
-    the CUDA device layer sets ``suffix`` in its process_env, the CPU one ``ngram``. Names are checked against the
-    adaptive methods where the config is built (adaptive/config.py)."""
+    the CUDA device layer sets ``suffix`` in its process_env, the CPU one ``ngram``. Names are
+    checked against the adaptive methods where the config is built (adaptive/config.py)."""
     value = os.environ.get("SPECDEC_ADAPTIVE_OBSERVED_COST", "0").strip().lower() or "0"
     if value in _TRUE:
         return None

@@ -80,12 +80,13 @@ def requests_for(job: dict, batch: int) -> list:
     return [prompts[i % len(prompts)] for i in range(batch)]
 
 
-def cell_rounds(job: dict, batch: int, prompts_key: dict | None = None) -> list[list]:
+def cell_rounds(job: dict, batch: int, prompts: dict | None = None) -> list[list]:
     """What one timed run of a batch size sends: a list of rounds, each one ``generate`` call.
     A batch of n is one round of n requests; batch 1 with ``batch1_prompts`` N is N rounds of
     one request each (the first N prompts in turn), so that one prompt's answer does not
-    decide the batch-1 figure."""
-    source = prompts_key if prompts_key is not None else job
+    decide the batch-1 figure. ``prompts``: a workload's ``{"prompts": [...]}``, in place of
+    the job's own."""
+    source = prompts if prompts is not None else job
     if batch != 1:
         return [requests_for(source, batch)]
     count = max(1, int(job.get("batch1_prompts", 1)))

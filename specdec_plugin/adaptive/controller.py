@@ -25,10 +25,11 @@ that is the whole batch is probed within ``FIRST_PROBE_EVERY`` steps; one new re
 waits about as long as the budget says. Such a probe counts as the budgeted first one: the
 next comes after twice the budgeted interval (not twice ``FIRST_PROBE_EVERY``), so a batch of
 new requests whose drafts keep missing is probed as often as before, only sooner (at batch 64
-with every draft rejected and fresh requests every 128 steps, once per run either way). Why: on a CPU the draft model's probe at batch 1
-costs ~38% over a plain step (issue 11, session 36), so the budget made the first interval 76
-steps, longer than the benchmark's 64-token requests: requests that arrived while drafting
-was off were served without a single probe, on the evidence of an earlier request.
+with every draft rejected and fresh requests every 128 steps, once per run either way). Why:
+on a CPU the draft model's probe at batch 1 costs ~38% over a plain step (issue 11, session
+36), so the budget made the first interval 76 steps, longer than the benchmark's 64-token
+requests: requests that arrived while drafting was off were served without a single probe,
+on the evidence of an earlier request.
 
 Costs: the start-up cost table, corrected by the step times the scheduler observes
 (``observe_step_time``, ``observed_cost.py``) where ``learn_costs`` is on
@@ -139,13 +140,14 @@ class DraftLengthController:
         # While off, requests with no evidence of their own bring the next probe forward. The
         # interval depends only on the batch size and how many are new, so it is worked out
         # again only when those change (not every plain step while a request waits).
+        unseen = 0
         if self.last_k == 0 and self.probe_every > FIRST_PROBE_EVERY:
             unseen = self.tracker.count_unseen(req_ids)
-            batch = (len(req_ids), unseen) if unseen else None
-            if batch is not None and batch != self._unseen_batch:
-                self.probe_every = min(self.probe_every,
-                                       self._first_probe_every(len(req_ids), unseen))
-            self._unseen_batch = batch
+        batch = (len(req_ids), unseen) if unseen else None
+        if batch is not None and batch != self._unseen_batch:
+            self.probe_every = min(self.probe_every,
+                                   self._first_probe_every(len(req_ids), unseen))
+        self._unseen_batch = batch  # forgotten on any step that does not ask
         drafting = self.last_k is None or self.last_k > 0
         # While nothing is drafted, nothing the policy reads changes from step to step: no
         # results arrive (the tracker's version stays), the batch is the same requests, and a
