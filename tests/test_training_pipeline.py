@@ -150,6 +150,9 @@ def test_eval_serves_the_new_drafters_through_the_plugin(pipeline):
             assert entry["drafts"] > 0
             assert len(entry["accepted_per_position"]) == report["k"] == 4
             assert 1.0 <= entry["acceptance_length"] <= 5.0
+            # EAGLE-3 alone has a draft vocabulary: the share of the output it holds.
+            coverage = entry.get("draft_vocab_coverage")
+            assert (0.0 < coverage <= 1.0) if kind == "eagle3" else coverage is None
 
 
 def test_streamed_target_features_equal_the_stored_capture(smollm2_path):
