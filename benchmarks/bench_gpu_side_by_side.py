@@ -160,6 +160,13 @@ BACKENDS = {
     # SPECDEC_ADAPTIVE_PROTECT): opt-in until measured here.
     "ours-protect": Backend("ours", "specdec_plugin, slowest quarter protected",
                             {"SPECDEC_ADAPTIVE_PROTECT": "0.25"}, methods=_DRAFTING),
+    # Opt-in controller variants to measure before either becomes a default (session 37):
+    # a drafting length held until another promises 3% more (adaptive/policy.py), and the
+    # start-up table timed at every draft length's token counts (adaptive/measure.py).
+    "ours-hold": Backend("ours", "specdec_plugin, draft length held",
+                         {"SPECDEC_ADAPTIVE_SWITCH_GAIN": "0.03"}, methods=_DRAFTING),
+    "ours-lengths": Backend("ours", "specdec_plugin, table at every draft length",
+                            {"SPECDEC_ADAPTIVE_TABLE_LENGTHS": "1"}, methods=_DRAFTING),
     # The draft model as before session 25: its drafter graphs recorded per exact batch shape
     # while serving, its pass run every step (no deferral without padded graphs).
     "ours-unpadded": Backend("ours", "specdec_plugin, draft model unpadded",
@@ -350,7 +357,9 @@ def main() -> None:
                              "ours-observed / ours-table: SPECDEC_ADAPTIVE_OBSERVED_COST=1 / 0; ours-observed-iqm: "
                              "SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR=iqm; ours-resume0: "
                              "SPECDEC_ADAPTIVE_RESUME_GAIN=0; ours-protect: "
-                             "SPECDEC_ADAPTIVE_PROTECT=0.25; ours-unpadded: "
+                             "SPECDEC_ADAPTIVE_PROTECT=0.25; ours-hold: "
+                             "SPECDEC_ADAPTIVE_SWITCH_GAIN=0.03; ours-lengths: "
+                             "SPECDEC_ADAPTIVE_TABLE_LENGTHS=1; ours-unpadded: "
                              "SPECDEC_DRAFTER_PADDING=0, draft model)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "

@@ -54,6 +54,14 @@
   request at this quantile of expected acceptance (0.25: the least accepting quarter's best)
   is expected to be no slower than with a plain step (adaptive/policy.py). Unset (default):
   off, the batch's expected throughput alone decides. Opt-in until measured on a GPU.
+- ``SPECDEC_ADAPTIVE_SWITCH_GAIN=<fraction>``: while drafting, the adaptive controller keeps
+  its draft length until another drafting length promises this much more throughput (0.03:
+  3%; adaptive/policy.py). Unset (default): no hold, each step's best length by the
+  shorter-first rule. Opt-in until measured on a GPU.
+- ``SPECDEC_ADAPTIVE_TABLE_LENGTHS=1``: the start-up cost table also times the target at n*q
+  tokens for every draft length (q = 2..K tokens per request, n = 1, 2, 4, ... requests), on
+  graph devices in each length's own full graph, instead of interpolating between n and
+  n*(1+K) tokens (adaptive/measure.py). Default off. Opt-in until measured on a GPU.
 - ``SPECDEC_NGRAM_ON_DEVICE=0|1``: where method "ngram" matches: ``1`` on the device (our
   ``ngram_match`` kernel over device-resident token histories, vLLM's ``ngram_gpu`` path, with
   async scheduling where the device has it), ``0`` on the host (our C++ index). Default: the
@@ -228,6 +236,17 @@ def adaptive_protect() -> float | None:
                    0.0, 1.0,
                    "a quantile such as 0.25 (no draft length that would slow the least accepting "
                    "quarter of the batch)", "unset it to turn the protection off")
+
+
+def adaptive_switch_gain() -> float | None:
+    return _number("SPECDEC_ADAPTIVE_SWITCH_GAIN",
+                   os.environ.get("SPECDEC_ADAPTIVE_SWITCH_GAIN", ""), 0.0, 10.0,
+                   "such as 0.03 (another draft length must promise 3% more tokens per second "
+                   "to replace the current one)", "unset it to choose the best length every step")
+
+
+def adaptive_table_lengths() -> bool:
+    return os.environ.get("SPECDEC_ADAPTIVE_TABLE_LENGTHS", "0").strip().lower() in _TRUE
 
 
 def ngram_on_device() -> bool | None:

@@ -40,6 +40,8 @@ costs while the controller is off.
 
 Regimes: once off, drafting must promise ``resume_gain`` over plain steps to start again
 (``policy.py``, hysteresis; ``SPECDEC_ADAPTIVE_RESUME_GAIN``); a new engine starts on. With
+``switch_gain`` (``SPECDEC_ADAPTIVE_SWITCH_GAIN``, opt-in) a drafting length is kept until
+another promises that much more. With
 ``protect_quantile`` (``SPECDEC_ADAPTIVE_PROTECT``, opt-in) no length is chosen that is expected
 to slow down the request at that quantile of acceptance.
 """
@@ -82,9 +84,11 @@ class DraftLengthController:
     def __init__(self, max_k: int, cost: CostTable, allowed: Sequence[int] | None = None,
                  settings: AcceptanceSettings | None = None, learn_costs: bool = True,
                  resume_gain: float = RESUME_GAIN, protect_quantile: float | None = None,
-                 cost_estimator: str = "median", probe_budget: float = PROBE_BUDGET):
+                 cost_estimator: str = "median", probe_budget: float = PROBE_BUDGET,
+                 switch_gain: float | None = None):
         self.max_k = max_k
         self.probe_budget = probe_budget
+        self.switch_gain = switch_gain  # None: no hold between drafting lengths (policy.py)
         self.resume_gain = resume_gain
         self.protect_quantile = protect_quantile
         self.table = cost
@@ -160,14 +164,15 @@ class DraftLengthController:
         # is read every step.)
         key, version = None, getattr(self.tracker, "version", None)
         if self.observed_cost is None and version is not None:
-            key = (version, tuple(req_ids), drafting)
+            key = (version, tuple(req_ids), drafting, self.last_k)
         if key is not None and key == self._decision_key:
             decision = self._decision
         else:
             decision = choose_draft_length(self.tracker.batch_rates(req_ids), self.cost,
                                            self.allowed, drafting=drafting,
                                            resume_gain=self.resume_gain,
-                                           protect_quantile=self.protect_quantile)
+                                           protect_quantile=self.protect_quantile,
+                                           current=self.last_k, switch_gain=self.switch_gain)
             self._decision_key, self._decision = key, decision
         k = decision.k
         if k == 0:

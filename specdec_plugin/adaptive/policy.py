@@ -21,6 +21,16 @@ than plain decoding, flipping on and off at every probe. A gain that small is in
 prediction's error; one that large (code editing at batch 1-16 predicted several tens of
 percent) is not.
 
+Holding a draft length (opt-in, ``switch_gain``). While drafting at length c, another drafting
+length replaces c only if it promises ``switch_gain`` more tokens per second than c. Without it,
+the shorter-first scan above picks afresh every step: where two lengths score within a few
+percent of each other, the choice follows the noise of the acceptance estimates. On the H200
+(issue 11, session 37, SmolLM2 padded to 7B, code edits at batch 32, EAGLE-3) the start-up
+table scored lengths 3 and 4 within 1%; the engine drafted 3.58 tokens per step and took 1.16x
+the time of K every step. Whether holding the length recovers that is to be measured on a GPU
+(``ours-hold`` in benchmarks/bench_gpu_side_by_side.py); turning drafting off is not held
+(the hysteresis above governs on and off).
+
 Protecting the least accepting requests (opt-in, ``protect_quantile``). Every request of a step
 verifies the same k (uniform drafts), so a step whose drafts pay on average can still make the
 requests whose drafts miss slower: they wait for a longer verification and gain nothing. In a
@@ -66,12 +76,15 @@ RESUME_GAIN = 0.10
 def choose_draft_length(rates: np.ndarray, cost: StepCost, allowed: Sequence[int],
                         min_gain: float = MIN_GAIN, drafting: bool = True,
                         resume_gain: float = RESUME_GAIN,
-                        protect_quantile: float | None = None) -> Decision:
+                        protect_quantile: float | None = None, current: int | None = None,
+                        switch_gain: float | None = None) -> Decision:
     """rates: [n, K] acceptance per request and position; allowed: the lengths to consider
     (0 means a plain decode step); drafting: whether the controller's current regime drafts
     (False: it has been taking plain steps, and drafting must gain ``resume_gain`` to start);
     protect_quantile: None, or the quantile of requests (by expected tokens per step) that a
-    drafting length may not slow down."""
+    drafting length may not slow down; current: the length drafted last step; switch_gain:
+    None (no hold), or how much more throughput another drafting length must promise to
+    replace ``current`` while drafting."""
     rates = np.clip(np.atleast_2d(np.asarray(rates, dtype=float)), 0.0, 1.0)
     n = rates.shape[0]
     max_k = rates.shape[1]
@@ -109,4 +122,8 @@ def choose_draft_length(rates: np.ndarray, cost: StepCost, allowed: Sequence[int
     resuming = not drafting and best > 0 and 0 in scores
     if resuming and scores[best] <= scores[0] * (1.0 + resume_gain):
         best = 0
+    held = (switch_gain is not None and current and best > 0 and best != current
+            and current in scores and current not in barred)
+    if held and scores[best] <= scores[current] * (1.0 + switch_gain):
+        best = current
     return Decision(best, scores)

@@ -70,7 +70,8 @@ class AdaptiveSchedulerMixin:
             self.num_spec_tokens, cost, learn_costs=learn_costs,
             resume_gain=envs.adaptive_resume_gain(), protect_quantile=envs.adaptive_protect(),
             cost_estimator=envs.adaptive_observed_estimator(),
-            probe_budget=envs.adaptive_probe_budget())
+            probe_budget=envs.adaptive_probe_budget(),
+            switch_gain=envs.adaptive_switch_gain())
         self.dynamic_sd_lookup = _AskController(self)
         self._step_timer = StepTimer(cost.step_time) if learn_costs else None
         # Deferred drafter KV sync with prefix caching (spec_decode/deferred_sync.py).
