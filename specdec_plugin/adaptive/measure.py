@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from specdec_plugin import envs
 from specdec_plugin.adaptive.config import adaptive_enabled
 from specdec_plugin.adaptive.cost_model import CostTable
 from specdec_plugin.adaptive.handoff import write_cost_table
@@ -39,6 +40,23 @@ def token_counts(max_reqs: int, query_len: int, max_tokens: int) -> list[int]:
         n *= 2
     counts.add(min(max_reqs, max_tokens // query_len) * query_len)
     return sorted(c for c in counts if 0 < c <= max_tokens)
+
+
+def length_points(max_reqs: int, query_len: int, max_tokens: int) -> dict[int, int]:
+    """n*q tokens for the draft lengths between none and K (q = 2..K tokens per request), n the
+    powers of two up to the request limit, each with the query length to time it at
+    (``SPECDEC_ADAPTIVE_TABLE_LENGTHS``). Why: between n and n*(1+K) tokens the table otherwise
+    interpolates linearly, while a step's time on a graph device follows the captured graph of
+    its own length, and the GEMMs' cost bends where they stop being memory-bound (on the H200
+    of session 37: 6.82 ms at 160 tokens, 9.70 at 320; 256 tokens, batch 64 drafting 3, was
+    never timed)."""
+    points, n = {}, 1
+    while n <= max_reqs:
+        for q in range(2, query_len):
+            if n * q <= max_tokens:
+                points.setdefault(n * q, q)
+        n *= 2
+    return points
 
 
 @contextlib.contextmanager
@@ -185,10 +203,21 @@ def measure_and_publish(runner, vllm_config, rank: int, budget_s: float, sync) -
     max_reqs = runner.max_num_reqs
     graphs = bool(getattr(runner, "_q_dispatchers", None))
 
+    counts = token_counts(max_reqs, query_len, runner.max_num_tokens)
+    # Counts added for the other draft lengths, each timed in its own length's full graph.
+    extra = {}
+    if envs.adaptive_table_lengths():
+        extra = {t: q for t, q in length_points(max_reqs, query_len, runner.max_num_tokens).items()
+                 if t not in counts}
+        counts = sorted(set(counts) | set(extra))
+
     def run_target(t: int) -> None:
         with _without_drafter_pass(runner):
             if graphs and t <= max_reqs:
                 with runner.adaptive_graph_context(1):
+                    runner._dummy_run(t, uniform_decode=True)
+            elif graphs and t in extra:
+                with runner.adaptive_graph_context(extra[t]):
                     runner._dummy_run(t, uniform_decode=True)
             elif graphs and t % query_len == 0:
                 runner._dummy_run(t, uniform_decode=True)
@@ -202,7 +231,6 @@ def measure_and_publish(runner, vllm_config, rank: int, budget_s: float, sync) -
             with _one_drafter_pass(drafter):
                 drafter.dummy_run(t)
 
-    counts = token_counts(max_reqs, query_len, runner.max_num_tokens)
     # vLLM's dummy runs stop at the hidden states. The LM heads were most of what the table
     # missed on the CPU (issue 11: a draft-model step drafting 1 token took 3.3 ms more than a
     # plain one at batch 1, the table said 1.1 ms), so they are timed on their own there.
