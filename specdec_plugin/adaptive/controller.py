@@ -164,7 +164,7 @@ class DraftLengthController:
         # is read every step.)
         key, version = None, getattr(self.tracker, "version", None)
         if self.observed_cost is None and version is not None:
-            key = (version, tuple(req_ids), drafting, self.last_k)
+            key = (version, tuple(req_ids), self.last_k)  # last_k also decides `drafting`
         if key is not None and key == self._decision_key:
             decision = self._decision
         else:
