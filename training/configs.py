@@ -62,8 +62,10 @@ def eagle_config() -> dict:
     return _head_common(EAGLE_INTER)
 
 
-def eagle3_config(draft_vocab: int = EAGLE3_DRAFT_VOCAB, inter: int = EAGLE3_INTER) -> dict:
-    return {**_head_common(inter), "draft_vocab_size": draft_vocab,
+def eagle3_config(draft_vocab: int = EAGLE3_DRAFT_VOCAB, inter: int = EAGLE3_INTER,
+                  num_layers: int = 1) -> dict:
+    # num_layers > 1: vLLM 0.26's llama_eagle3 runs layers 1.. as plain Llama layers.
+    return {**_head_common(inter), "num_hidden_layers": num_layers, "draft_vocab_size": draft_vocab,
             "target_hidden_size": TARGET["hidden"], "norm_before_residual": False,
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": EAGLE3_AUX_LAYERS,
                              "use_aux_hidden_state": True}}
@@ -139,5 +141,5 @@ def save_draft_model(model, path) -> None:
 
 def save_head(kind: str, head, path) -> None:
     config = CONFIGS[kind]() if kind != "eagle3" else eagle3_config(
-        len(head.vocab_ids), head.mlp.gate_proj.out_features)
+        len(head.vocab_ids), head.mlp.gate_proj.out_features, head.attention_layers)
     _save(head.export_tensors(), path, config)

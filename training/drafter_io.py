@@ -112,7 +112,8 @@ def drafter_tensors(kind: str, module) -> tuple[dict, dict]:
                                          else set())
         sd = {k: v for k, v in module.state_dict().items() if k not in left_out}
         return sd, config
-    config = configs.eagle3_config(len(module.vocab_ids), module.mlp.gate_proj.out_features) \
+    config = configs.eagle3_config(len(module.vocab_ids), module.mlp.gate_proj.out_features,
+                                   module.attention_layers) \
         if kind == "eagle3" \
         else configs.CONFIGS[kind]()
     return module.export_tensors(), config

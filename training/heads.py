@@ -6,8 +6,10 @@ hidden state at p and the embedding of token x[p+1], and its logits predict x[p+
 - Eagle1Head  == llama_eagle.EagleLlamaForCausalLM: fc(cat(emb, h)) -> decoder layer without
   input norm -> (h + residual); logits = target lm_head(out) (no norm); out is fed back.
 - Eagle3Head  == llama_eagle3.Eagle3LlamaForCausalLM: h0 = fc(cat(aux3)); layer 0 attends over
-  cat(input_layernorm(emb), hidden_norm(h)); residual = h; final norm -> own lm_head over a reduced
-  draft vocab; the pre-norm output is fed back.
+  cat(input_layernorm(emb), hidden_norm(h)); residual = h; any further layers are plain pre-norm
+  Llama layers over the residual stream (``layers.N.*`` in the file, as vLLM's multi-layer head
+  reads them); final norm -> own lm_head over a reduced draft vocab; the pre-norm output is fed
+  back.
 - MtpHead     == mimo_mtp.MiMoMultiTokenPredictorLayer: input_proj(cat(hidden_norm(h),
   token_norm(emb))) -> Qwen2 decoder layer -> final_layernorm -> target lm_head; the normed
   output is fed back; embeddings at position 0 are zeroed.
@@ -70,7 +72,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(n_heads * head_dim, hidden, bias=False)
 
     def forward(self, x, cache: list):
-        """x [B, L, in]; cache holds (k, v) of earlier chain steps and gets this step's."""
+        """x [B, L, in]; cache (this layer's own) holds (k, v) of earlier chain steps and gets
+        this step's."""
         b, length, _ = x.shape
         q = self.q_proj(x).view(b, length, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, length, self.n_kv, self.head_dim).transpose(1, 2)
@@ -136,6 +139,8 @@ class TargetShape:
 
 
 class Eagle1Head(nn.Module):
+    attention_layers = 1
+
     def __init__(self, t: TargetShape, inter: int):
         super().__init__()
         d = t.hidden
@@ -147,9 +152,9 @@ class Eagle1Head(nn.Module):
     def first_hidden(self, batch):
         return batch["post"]
 
-    def step(self, hidden, emb, cache, lm_head_weight):
+    def step(self, hidden, emb, caches, lm_head_weight):
         x = self.fc(torch.cat((emb, hidden), dim=-1))
-        h = x + self.self_attn(x, cache)
+        h = x + self.self_attn(x, caches[0])
         out = h + self.mlp(self.post_attention_layernorm(h))
         return out, F.linear(out, lm_head_weight)
 
@@ -159,9 +164,39 @@ class Eagle1Head(nn.Module):
         return sd
 
 
-class Eagle3Head(nn.Module):
-    def __init__(self, t: TargetShape, inter: int, draft_vocab_ids: torch.Tensor):
+class DecoderLayer(nn.Module):
+    """A plain pre-norm Llama layer: what vLLM's EAGLE-3 head runs after its first layer
+    (llama_eagle3.LlamaDecoderLayer with layer_idx > 0: input norm over the residual stream,
+    attention over hidden_size inputs, MLP)."""
+
+    def __init__(self, t: TargetShape, inter: int):
         super().__init__()
+        d = t.hidden
+        self.input_layernorm = RMSNorm(d, t.eps)
+        self.self_attn = Attention(d, d, t.n_heads, t.n_kv, t.head_dim, t.theta)
+        self.post_attention_layernorm = RMSNorm(d, t.eps)
+        self.mlp = MLP(d, inter)
+
+    def forward(self, x, cache: list):
+        h = x + self.self_attn(self.input_layernorm(x), cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    @torch.no_grad()
+    def start_as_identity(self) -> None:
+        """Zero the projections that write into the residual stream (o_proj, down_proj): the
+        layer then passes its input through unchanged, and a head it is added to keeps its
+        function while training fills the layer in (the other weights stay random, so the
+        gradients reaching the zeroed projections are not zero)."""
+        self.self_attn.o_proj.weight.zero_()
+        self.mlp.down_proj.weight.zero_()
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, t: TargetShape, inter: int, draft_vocab_ids: torch.Tensor,
+                 num_layers: int = 1):
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"an EAGLE-3 head needs at least one layer, got {num_layers}")
         d = t.hidden
         self.fc = nn.Linear(3 * d, d, bias=False)
         self.input_layernorm = RMSNorm(d, t.eps)
@@ -169,26 +204,57 @@ class Eagle3Head(nn.Module):
         self.self_attn = Attention(2 * d, d, t.n_heads, t.n_kv, t.head_dim, t.theta)
         self.post_attention_layernorm = RMSNorm(d, t.eps)
         self.mlp = MLP(d, inter)
+        # Layers 1.. (vLLM's ``layers.N``); empty for the one-layer head shipped until now.
+        self.extra_layers = nn.ModuleList(DecoderLayer(t, inter) for _ in range(num_layers - 1))
         self.norm = RMSNorm(d, t.eps)
         self.lm_head = nn.Linear(d, len(draft_vocab_ids), bias=False)
         self.register_buffer("vocab_ids", draft_vocab_ids.clone(), persistent=False)
         self.target_vocab = t.vocab
+        self._shape = t
+
+    @property
+    def attention_layers(self) -> int:
+        return 1 + len(self.extra_layers)
+
+    @torch.no_grad()
+    def grow(self, num_layers: int) -> None:
+        """Add layers up to ``num_layers``, each starting as the identity
+        (DecoderLayer.start_as_identity): the head's drafts stay what they were."""
+        if num_layers < self.attention_layers:
+            raise ValueError(f"a head of {self.attention_layers} layers cannot shrink to "
+                             f"{num_layers}")
+        inter = self.mlp.gate_proj.out_features
+        ref = self.fc.weight
+        while self.attention_layers < num_layers:
+            layer = DecoderLayer(self._shape, inter).to(device=ref.device, dtype=ref.dtype)
+            layer.start_as_identity()
+            self.extra_layers.append(layer)
 
     def first_hidden(self, batch):
         return self.fc(batch["aux"])
 
-    def step(self, hidden, emb, cache, lm_head_weight):
+    def step(self, hidden, emb, caches, lm_head_weight):
         del lm_head_weight  # own (reduced-vocab) head
         x = torch.cat((self.input_layernorm(emb), self.hidden_norm(hidden)), dim=-1)
-        h = hidden + self.self_attn(x, cache)
+        h = hidden + self.self_attn(x, caches[0])
         pre = h + self.mlp(self.post_attention_layernorm(h))
+        for layer, cache in zip(self.extra_layers, caches[1:]):
+            pre = layer(pre, cache)
         return pre, self.lm_head(self.norm(pre))
 
     def export_tensors(self) -> dict:
         layer = ("input_layernorm", "hidden_norm", "self_attn", "post_attention_layernorm", "mlp")
         sd = {}
         for k, v in self.state_dict().items():
-            sd[f"midlayer.{k}" if k.startswith(layer) else k] = v
+            if k.startswith("extra_layers."):
+                index, rest = k.removeprefix("extra_layers.").split(".", 1)
+                sd[f"layers.{int(index) + 1}.{rest}"] = v
+            else:
+                sd[f"midlayer.{k}" if k.startswith(layer) else k] = v
+        for i in range(1, self.attention_layers):
+            # vLLM builds a hidden_norm in every layer but uses it only in layer 0; its loader
+            # wants every parameter in the file, so the unused ones ship as ones.
+            sd[f"layers.{i}.hidden_norm.weight"] = torch.ones_like(self.norm.weight)
         ids = self.vocab_ids.long().cpu()
         sd["d2t"] = ids - torch.arange(len(ids))
         t2d = torch.zeros(self.target_vocab, dtype=torch.bool)
@@ -198,6 +264,8 @@ class Eagle3Head(nn.Module):
 
 
 class MtpHead(nn.Module):
+    attention_layers = 1
+
     def __init__(self, t: TargetShape):
         super().__init__()
         d = t.hidden
@@ -213,12 +281,12 @@ class MtpHead(nn.Module):
     def first_hidden(self, batch):
         return batch["pre"]
 
-    def step(self, hidden, emb, cache, lm_head_weight):
+    def step(self, hidden, emb, caches, lm_head_weight):
         emb = emb.clone()
         emb[:, 0] = 0  # vLLM zeroes the embedding at position 0
         x = self.input_proj(torch.cat((self.hidden_layernorm(hidden),
                                        self.token_layernorm(emb)), dim=-1))
-        h = x + self.self_attn(self.input_layernorm(x), cache)
+        h = x + self.self_attn(self.input_layernorm(x), caches[0])
         out = self.final_layernorm(h + self.mlp(self.post_attention_layernorm(h)))
         return out, F.linear(out, lm_head_weight)
 
@@ -234,14 +302,21 @@ class MtpHead(nn.Module):
 def run_chain(head, batch, emb_next, lm_head_weight, steps: int):
     """Outputs (feature, logits) of each chained step; inputs as described in the docstring."""
     hidden = head.first_hidden(batch)
-    cache: list = []  # one attention layer per head: one list of per-step (k, v)
+    # One list of per-step (k, v) for each attention layer of the head.
+    caches: list = [[] for _ in range(head.attention_layers)]
     outs = []
     for _ in range(steps):
-        feat, logits = head.step(hidden, emb_next, cache, lm_head_weight)
+        feat, logits = head.step(hidden, emb_next, caches, lm_head_weight)
         outs.append((feat, logits))
         # Step j+1 at position q continues from step j's output at q-1.
         hidden = torch.cat((torch.zeros_like(feat[:, :1]), feat[:, :-1]), dim=1)
     return outs
+
+
+def eagle3_num_layers(tensors: dict) -> int:
+    """Decoder layers of an EAGLE-3 file: ``midlayer`` plus any ``layers.N`` (N >= 1)."""
+    extra = {int(k.split(".")[1]) for k in tensors if k.startswith("layers.")}
+    return 1 + (max(extra) if extra else 0)
 
 
 def head_from_tensors(kind: str, tensors: dict, t: TargetShape | None = None):
@@ -254,9 +329,16 @@ def head_from_tensors(kind: str, tensors: dict, t: TargetShape | None = None):
     elif kind == "eagle3":
         inter = tensors["midlayer.mlp.gate_proj.weight"].shape[0]
         d2t = tensors["d2t"].long()
-        head = Eagle3Head(t, inter, torch.arange(len(d2t)) + d2t)
-        state = {k.removeprefix("midlayer."): v for k, v in tensors.items()
-                 if k not in ("d2t", "t2d")}
+        head = Eagle3Head(t, inter, torch.arange(len(d2t)) + d2t,
+                          num_layers=eagle3_num_layers(tensors))
+        state = {}
+        for k, v in tensors.items():
+            if k in ("d2t", "t2d") or (k.startswith("layers.") and k.endswith(".hidden_norm.weight")):
+                continue  # the unused norms of layers 1.. (see export_tensors)
+            if k.startswith("layers."):
+                index, rest = k.removeprefix("layers.").split(".", 1)
+                k = f"extra_layers.{int(index) - 1}.{rest}"
+            state[k.removeprefix("midlayer.")] = v
     elif kind == "mtp":
         head = MtpHead(t)
         prefix = "model.mtp_layers.0."

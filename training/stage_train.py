@@ -7,7 +7,8 @@ Every step takes one batch of similar-length sequences (``--token-budget`` token
 target over it once (bf16 on a GPU; hidden states recomputed, never stored:
 ``target_features.py``) and gives each drafter one AdamW step on it, against the target's own
 next-token distribution (soft cross-entropy, losses in ``train.py``):
-- eagle3: 3-layer feature fc -> one decoder layer -> reduced-vocab head, training-time test
+- eagle3: 3-layer feature fc -> decoder layer(s) (``--eagle3-layers``) -> reduced-vocab head,
+  training-time test
   over ``--ttt eagle3=N`` chained steps (each step attends to its own earlier outputs);
 - eagle: EAGLE-1 head, same chaining, plus feature regression (0.1 x CE);
 - mtp: MiMo MTP layer; draft_model: a small Llama (shape from ``--draft-*``), or with
@@ -80,6 +81,10 @@ def parse_args(argv=None):
                    help="EAGLE-3's MLP width; a resumed narrower head is widened without "
                         f"changing its output (heads.MLP.widen; default {configs.EAGLE3_INTER} "
                         "or the resumed head's)")
+    p.add_argument("--eagle3-layers", type=int, default=None,
+                   help="EAGLE-3's decoder layers; a resumed head with fewer grows new layers "
+                        "that start as the identity (heads.Eagle3Head.grow: its drafts do not "
+                        "change); default 1 or the resumed head's")
     p.add_argument("--revocab", action="store_true",
                    help="a resumed EAGLE-3 head gets the shards' --draft-vocab most frequent tokens "
                         "as its draft vocabulary; its layers are kept (see revocab_eagle3)")
@@ -91,6 +96,8 @@ def parse_args(argv=None):
                                 if args.draft_from_target else None)
     except ValueError as exc:
         p.error(f"--draft-from-target: {exc}")
+    if args.eagle3_layers is not None and args.eagle3_layers < 1:
+        p.error(f"--eagle3-layers {args.eagle3_layers}: an EAGLE-3 head has at least 1 layer")
     if args.draft_vocab % configs.EAGLE3_VOCAB_MULTIPLE:
         p.error(f"--draft-vocab {args.draft_vocab}: want a multiple of "
                 f"{configs.EAGLE3_VOCAB_MULTIPLE}, or vLLM cannot split EAGLE-3's LM head over "
@@ -111,7 +118,7 @@ def revocab_eagle3(old: Eagle3Head, vocab_ids: torch.Tensor, target, shape) -> E
     target's embedding rows). A resumed head otherwise keeps the vocabulary of the data it was
     first trained on, which can miss many tokens of new data (86.8% coverage in session 10)."""
     inter = old.mlp.gate_proj.out_features
-    new = Eagle3Head(shape, inter, vocab_ids)
+    new = Eagle3Head(shape, inter, vocab_ids, num_layers=old.attention_layers)
     configs.init_head("eagle3", new, target)
     kept = {k: v for k, v in old.state_dict().items() if not k.startswith("lm_head.")}
     missing, unexpected = new.load_state_dict(kept, strict=False)
@@ -154,6 +161,11 @@ def build_drafters(args, target, vocab_ids_fresh, shape, log):
             if args.eagle3_inter != width:
                 log(f"eagle3: MLP widened from {width} to {args.eagle3_inter} units")
                 module.mlp.widen(args.eagle3_inter)
+        if resumed and kind == "eagle3" and args.eagle3_layers:
+            if args.eagle3_layers != module.attention_layers:
+                log(f"eagle3: grown from {module.attention_layers} to {args.eagle3_layers} "
+                    "decoder layers, the new ones starting as the identity")
+                module.grow(args.eagle3_layers)
         if module is None:
             if kind == "draft_model" and args.draft_layer_ids:
                 module = draft_from_target.build(target, args.draft_layer_ids)
@@ -165,7 +177,7 @@ def build_drafters(args, target, vocab_ids_fresh, shape, log):
                 module = Eagle1Head(shape, configs.EAGLE_INTER)
             elif kind == "eagle3":
                 module = Eagle3Head(shape, args.eagle3_inter or configs.EAGLE3_INTER,
-                                    vocab_ids_fresh)
+                                    vocab_ids_fresh, num_layers=args.eagle3_layers or 1)
             elif kind == "mtp":
                 module = MtpHead(shape)
             else:
