@@ -63,12 +63,19 @@ def eagle_config() -> dict:
 
 
 def eagle3_config(draft_vocab: int = EAGLE3_DRAFT_VOCAB, inter: int = EAGLE3_INTER,
-                  num_layers: int = 1) -> dict:
+                  num_layers: int = 1, aux_layers=EAGLE3_AUX_LAYERS) -> dict:
     # num_layers > 1: vLLM 0.26's llama_eagle3 runs layers 1.. as plain Llama layers.
-    return {**_head_common(inter), "num_hidden_layers": num_layers, "draft_vocab_size": draft_vocab,
-            "target_hidden_size": TARGET["hidden"], "norm_before_residual": False,
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": EAGLE3_AUX_LAYERS,
-                             "use_aux_hidden_state": True}}
+    config = {**_head_common(inter), "num_hidden_layers": num_layers,
+              "draft_vocab_size": draft_vocab,
+              "target_hidden_size": TARGET["hidden"], "norm_before_residual": False,
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_layers),
+                               "use_aux_hidden_state": True}}
+    if list(aux_layers) != EAGLE3_AUX_LAYERS:
+        # vLLM 0.26 reads the taps from this top-level key only
+        # (eagle3_utils.get_eagle3_aux_layers_from_config) and otherwise uses the target's
+        # default, which is EAGLE3_AUX_LAYERS: the key is written only where it matters.
+        config["eagle_aux_hidden_state_layer_ids"] = list(aux_layers)
+    return config
 
 
 def mtp_config() -> dict:
@@ -141,5 +148,6 @@ def save_draft_model(model, path) -> None:
 
 def save_head(kind: str, head, path) -> None:
     config = CONFIGS[kind]() if kind != "eagle3" else eagle3_config(
-        len(head.vocab_ids), head.mlp.gate_proj.out_features, head.attention_layers)
+        len(head.vocab_ids), head.mlp.gate_proj.out_features, head.attention_layers,
+        head.aux_layers)
     _save(head.export_tensors(), path, config)

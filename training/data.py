@@ -78,8 +78,10 @@ def target_norm(model, x):
 
 
 @torch.no_grad()
-def capture_hidden(model, seqs, device, dtype, batch_size: int, log) -> dict:
-    """Tokens and target hidden states for every sequence, padded to the longest."""
+def capture_hidden(model, seqs, device, dtype, batch_size: int, log,
+                   aux_layers=AUX_LAYERS) -> dict:
+    """Tokens and target hidden states for every sequence, padded to the longest; ``aux``
+    holds the residual stream after each of ``aux_layers`` (an EAGLE-3 head's taps)."""
     n = len(seqs)
     length = max(len(s["tokens"]) for s in seqs)
     d = model.config.hidden_size
@@ -89,10 +91,10 @@ def capture_hidden(model, seqs, device, dtype, batch_size: int, log) -> dict:
     for row, s in enumerate(seqs):
         tokens[row, : len(s["tokens"])] = torch.tensor(s["tokens"], device=device)
     pre = torch.zeros((n, length, d), dtype=dtype, device=device)
-    aux = torch.zeros((n, length, 3 * d), dtype=dtype, device=device)
+    aux = torch.zeros((n, length, len(aux_layers) * d), dtype=dtype, device=device)
 
     layers = model.model.layers
-    taps = {k - 1: j for j, k in enumerate(AUX_LAYERS)}  # "after k layers" = output of k-1
+    taps = {k - 1: j for j, k in enumerate(aux_layers)}  # "after k layers" = output of k-1
     captured = {}
 
     def hook_for(index):

@@ -72,8 +72,7 @@ def main(argv=None) -> int:
 
     from specdec_plugin.models.drafters import ASSETS_DIR
     from specdec_plugin.models.smollm2 import fetch_smollm2
-    from training.drafter_io import load_tensors
-    from training.heads import head_from_tensors
+    from training.drafter_io import load_for_resume
     from training.target_features import TargetFeatures
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -86,8 +85,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     model = AutoModelForCausalLM.from_pretrained(str(fetch_smollm2()), dtype=torch.float32).eval()
-    features = TargetFeatures(model, torch.float32)
-    head = head_from_tensors("eagle3", load_tensors(args.drafters / "eagle3" / "model.safetensors"))
+    head = load_for_resume(args.drafters, "eagle3", None, log=lambda message: None)
+    features = TargetFeatures(model, torch.float32, head.aux_layers)
     held = head.vocab_ids.tolist()
     in_vocab = np.zeros(model.config.vocab_size, dtype=bool)
     in_vocab[held] = True

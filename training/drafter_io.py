@@ -94,6 +94,10 @@ def load_for_resume(init_dir: Path | None, kind: str, want_config: dict | None, 
                 "starting fresh")
             return None
         module = draft_model_from_tensors(config, tensors, target_embedding)
+    elif kind == "eagle3":
+        from specdec_plugin.models.padded_drafters import eagle3_aux_layer_ids
+
+        module = head_from_tensors(kind, tensors, aux_layers=eagle3_aux_layer_ids(config)).float()
     else:
         module = head_from_tensors(kind, tensors).float()
     log(f"resume: {kind} from {path} ({sum(p.numel() for p in module.parameters())} params)")
@@ -113,7 +117,7 @@ def drafter_tensors(kind: str, module) -> tuple[dict, dict]:
         sd = {k: v for k, v in module.state_dict().items() if k not in left_out}
         return sd, config
     config = configs.eagle3_config(len(module.vocab_ids), module.mlp.gate_proj.out_features,
-                                   module.attention_layers) \
+                                   module.attention_layers, module.aux_layers) \
         if kind == "eagle3" \
         else configs.CONFIGS[kind]()
     return module.export_tensors(), config

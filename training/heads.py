@@ -193,12 +193,16 @@ class DecoderLayer(nn.Module):
 
 class Eagle3Head(nn.Module):
     def __init__(self, t: TargetShape, inter: int, draft_vocab_ids: torch.Tensor,
-                 num_layers: int = 1):
+                 num_layers: int = 1, aux_layers=(2, 15, 27)):
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"an EAGLE-3 head needs at least one layer, got {num_layers}")
         d = t.hidden
-        self.fc = nn.Linear(3 * d, d, bias=False)
+        # The target taps its fc reads, "after k layers", in increasing order (vLLM gathers
+        # them in layer order); the default is vLLM's for a 30-layer target. Not a tensor: it
+        # travels in the config (configs.eagle3_config).
+        self.aux_layers = tuple(aux_layers)
+        self.fc = nn.Linear(len(self.aux_layers) * d, d, bias=False)
         self.input_layernorm = RMSNorm(d, t.eps)
         self.hidden_norm = RMSNorm(d, t.eps)
         self.self_attn = Attention(2 * d, d, t.n_heads, t.n_kv, t.head_dim, t.theta)
@@ -229,6 +233,25 @@ class Eagle3Head(nn.Module):
             layer = DecoderLayer(self._shape, inter).to(device=ref.device, dtype=ref.dtype)
             layer.start_as_identity()
             self.extra_layers.append(layer)
+
+    @torch.no_grad()
+    def add_taps(self, aux_layers) -> None:
+        """Read more target taps: ``aux_layers`` holds the current ones and more, in increasing
+        order. The new taps' fc columns start at zero, so the drafts do not change until
+        training gives them weight (as ``grow`` does for layers)."""
+        new = tuple(aux_layers)
+        if list(new) != sorted(set(new)) or not set(self.aux_layers) <= set(new):
+            raise ValueError(f"taps {list(new)}: want increasing layer counts that keep the "
+                             f"current {list(self.aux_layers)}")
+        d = self.fc.out_features
+        old = self.fc.weight
+        weight = old.new_zeros(d, len(new) * d)
+        for j, k in enumerate(self.aux_layers):
+            i = new.index(k)
+            weight[:, i * d:(i + 1) * d] = old[:, j * d:(j + 1) * d]
+        self.fc = nn.Linear(len(new) * d, d, bias=False, device=old.device, dtype=old.dtype)
+        self.fc.weight.copy_(weight)
+        self.aux_layers = new
 
     def first_hidden(self, batch):
         return self.fc(batch["aux"])
@@ -319,8 +342,10 @@ def eagle3_num_layers(tensors: dict) -> int:
     return 1 + (max(extra) if extra else 0)
 
 
-def head_from_tensors(kind: str, tensors: dict, t: TargetShape | None = None):
-    """Rebuild a head from its shipped (vLLM-named) tensors: the inverse of export_tensors."""
+def head_from_tensors(kind: str, tensors: dict, t: TargetShape | None = None,
+                      aux_layers=None):
+    """Rebuild a head from its shipped (vLLM-named) tensors: the inverse of export_tensors.
+    ``aux_layers``: an EAGLE-3 head's taps from its config (default vLLM's, 2/15/27)."""
     t = t or TargetShape()
     if kind == "eagle":
         inter = tensors["layers.0.mlp.gate_proj.weight"].shape[0]
@@ -329,8 +354,13 @@ def head_from_tensors(kind: str, tensors: dict, t: TargetShape | None = None):
     elif kind == "eagle3":
         inter = tensors["midlayer.mlp.gate_proj.weight"].shape[0]
         d2t = tensors["d2t"].long()
+        # The tap ids live in the config (drafter_io passes them); the file gives their count.
+        aux_layers = tuple(aux_layers or (2, 15, 27))
+        if tensors["fc.weight"].shape[1] != len(aux_layers) * t.hidden:
+            raise ValueError(f"the EAGLE-3 fc reads {tensors['fc.weight'].shape[1]} inputs, not "
+                             f"{len(aux_layers)} taps of {t.hidden}: pass the config's taps")
         head = Eagle3Head(t, inter, torch.arange(len(d2t)) + d2t,
-                          num_layers=eagle3_num_layers(tensors))
+                          num_layers=eagle3_num_layers(tensors), aux_layers=aux_layers)
         state = {}
         for k, v in tensors.items():
             if k in ("d2t", "t2d") or (k.startswith("layers.") and k.endswith(".hidden_norm.weight")):

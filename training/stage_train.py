@@ -85,6 +85,12 @@ def parse_args(argv=None):
                    help="EAGLE-3's decoder layers; a resumed head with fewer grows new layers "
                         "that start as the identity (heads.Eagle3Head.grow: its drafts do not "
                         "change); default 1 or the resumed head's")
+    p.add_argument("--eagle3-taps", default="",
+                   help="EAGLE-3's target taps, 'after k layers' as vLLM counts them (1..30 for "
+                        "SmolLM2; 30 = the last layer's output), increasing, e.g. 2,15,27,30; a "
+                        "resumed head keeps its taps and gains the new ones with zero fc "
+                        "columns (heads.Eagle3Head.add_taps: its drafts do not change); "
+                        "default: the resumed head's, or 2,15,27")
     p.add_argument("--revocab", action="store_true",
                    help="a resumed EAGLE-3 head gets the shards' --draft-vocab most frequent tokens "
                         "as its draft vocabulary; its layers are kept (see revocab_eagle3)")
@@ -96,6 +102,10 @@ def parse_args(argv=None):
                                 if args.draft_from_target else None)
     except ValueError as exc:
         p.error(f"--draft-from-target: {exc}")
+    try:
+        args.eagle3_taps = parse_taps(args.eagle3_taps) if args.eagle3_taps else None
+    except ValueError as exc:
+        p.error(f"--eagle3-taps: {exc}")
     if args.eagle3_layers is not None and args.eagle3_layers < 1:
         p.error(f"--eagle3-layers {args.eagle3_layers}: an EAGLE-3 head has at least 1 layer")
     if args.draft_vocab % configs.EAGLE3_VOCAB_MULTIPLE:
@@ -103,6 +113,15 @@ def parse_args(argv=None):
                 f"{configs.EAGLE3_VOCAB_MULTIPLE}, or vLLM cannot split EAGLE-3's LM head over "
                 "SmolLM2's 3 tensor-parallel ranks")
     return args
+
+
+def parse_taps(text: str) -> tuple[int, ...]:
+    taps = tuple(int(x) for x in text.split(","))
+    n = configs.TARGET["layers"]
+    if list(taps) != sorted(set(taps)) or not all(1 <= k <= n for k in taps):
+        raise ValueError(f"{text!r}: want increasing layer counts in 1..{n} (vLLM gathers the "
+                         "taps in layer order)")
+    return taps
 
 
 def eagle3_vocab(shard: dict, size: int, vocab: int) -> torch.Tensor:
@@ -118,7 +137,8 @@ def revocab_eagle3(old: Eagle3Head, vocab_ids: torch.Tensor, target, shape) -> E
     target's embedding rows). A resumed head otherwise keeps the vocabulary of the data it was
     first trained on, which can miss many tokens of new data (86.8% coverage in session 10)."""
     inter = old.mlp.gate_proj.out_features
-    new = Eagle3Head(shape, inter, vocab_ids, num_layers=old.attention_layers)
+    new = Eagle3Head(shape, inter, vocab_ids, num_layers=old.attention_layers,
+                     aux_layers=old.aux_layers)
     configs.init_head("eagle3", new, target)
     kept = {k: v for k, v in old.state_dict().items() if not k.startswith("lm_head.")}
     missing, unexpected = new.load_state_dict(kept, strict=False)
@@ -161,6 +181,11 @@ def build_drafters(args, target, vocab_ids_fresh, shape, log):
             if args.eagle3_inter != width:
                 log(f"eagle3: MLP widened from {width} to {args.eagle3_inter} units")
                 module.mlp.widen(args.eagle3_inter)
+        if resumed and kind == "eagle3" and args.eagle3_taps \
+                and tuple(args.eagle3_taps) != module.aux_layers:
+            log(f"eagle3: taps {list(module.aux_layers)} -> {list(args.eagle3_taps)}, the new "
+                "ones' fc columns starting at zero")
+            module.add_taps(args.eagle3_taps)
         if resumed and kind == "eagle3" and args.eagle3_layers:
             if args.eagle3_layers != module.attention_layers:
                 log(f"eagle3: grown from {module.attention_layers} to {args.eagle3_layers} "
@@ -177,7 +202,8 @@ def build_drafters(args, target, vocab_ids_fresh, shape, log):
                 module = Eagle1Head(shape, configs.EAGLE_INTER)
             elif kind == "eagle3":
                 module = Eagle3Head(shape, args.eagle3_inter or configs.EAGLE3_INTER,
-                                    vocab_ids_fresh, num_layers=args.eagle3_layers or 1)
+                                    vocab_ids_fresh, num_layers=args.eagle3_layers or 1,
+                                    aux_layers=args.eagle3_taps or configs.EAGLE3_AUX_LAYERS)
             elif kind == "mtp":
                 module = MtpHead(shape)
             else:
@@ -188,13 +214,15 @@ def build_drafters(args, target, vocab_ids_fresh, shape, log):
     return out
 
 
-def heldout_data(path: Path, target, device, dtype, max_len: int, limit: int):
+def heldout_data(path: Path, target, device, dtype, max_len: int, limit: int,
+                 aux_layers=configs.EAGLE3_AUX_LAYERS):
     """``capture_hidden``'s dict for the held-out greedy answers (what eval_agreement reads)."""
     shard = read_shards([path])
     off = shard["offsets"]
     seqs = [{"tokens": shard["tokens"][off[i]:min(off[i + 1], off[i] + max_len)].tolist(),
              "prompt_len": int(shard["prompt_lens"][i])} for i in range(min(limit, len(off) - 1))]
-    data = capture_hidden(target, seqs, device, dtype, batch_size=16, log=log)
+    data = capture_hidden(target, seqs, device, dtype, batch_size=16, log=log,
+                          aux_layers=aux_layers)
     data["greedy"] = torch.ones(len(seqs), dtype=torch.bool, device=device)
     categories = shard["category"][: len(seqs)]
     return data, categories
@@ -224,7 +252,6 @@ def main(argv=None) -> int:
     for p in target.parameters():
         p.requires_grad_(False)
     emb = target.model.embed_tokens.weight.detach()
-    features = TargetFeatures(target, dtype)
 
     shard = read_shards(train_shards(args.data))
     n_seqs, n_tokens = len(shard["offsets"]) - 1, int(shard["offsets"][-1])
@@ -234,6 +261,8 @@ def main(argv=None) -> int:
 
     shape = TargetShape()
     drafters = build_drafters(args, target, vocab_ids, shape, log)
+    taps = drafters["eagle3"][0].aux_layers if "eagle3" in drafters else configs.EAGLE3_AUX_LAYERS
+    features = TargetFeatures(target, dtype, taps)
     lrs = dict(configs.LR, **({"draft_model": args.draft_lr} if args.draft_lr else {}))
     opts = {}
     for kind, (module, steps, _) in drafters.items():
@@ -288,7 +317,8 @@ def main(argv=None) -> int:
     held_path = args.data / HELDOUT_NAME
     data = categories = None
     if held_path.exists() and args.eval_seqs > 0:
-        data, categories = heldout_data(held_path, target, device, dtype, args.max_len, args.eval_seqs)
+        data, categories = heldout_data(held_path, target, device, dtype, args.max_len,
+                                        args.eval_seqs, taps)
 
     def norm_fn(x):
         return target_norm(target, x)

@@ -19,15 +19,27 @@ from training.data import AUX_LAYERS, PAD_TOKEN, target_norm
 
 
 class TargetFeatures:
-    def __init__(self, model, dtype):
+    """``aux_layers``: the EAGLE-3 head's taps, "after k layers" (vLLM's numbering: k = the
+    target's layer count is the residual stream after its last layer, before the final norm)."""
+
+    def __init__(self, model, dtype, aux_layers=AUX_LAYERS):
         self.model, self.dtype = model, dtype
         self.device = next(model.parameters()).device
         layers = model.model.layers
         self.last = len(layers) - 1
-        self.taps = [k - 1 for k in AUX_LAYERS]  # "after k layers" = output of layer k-1
+        if not all(1 <= k <= len(layers) for k in aux_layers):
+            raise ValueError(f"taps {list(aux_layers)}: each must lie in 1..{len(layers)} "
+                             "(after that many target layers)")
+        self.taps = [k - 1 for k in aux_layers]  # "after k layers" = output of layer k-1
         self.captured: dict[int, torch.Tensor] = {}
-        for i in set(self.taps) | {self.last}:
-            layers[i].register_forward_hook(self._hook(i))
+        self._handles = [layers[i].register_forward_hook(self._hook(i))
+                         for i in set(self.taps) | {self.last}]
+
+    def close(self) -> None:
+        """Remove the hooks (a second TargetFeatures on the same model would double them)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
     def _hook(self, index):
         def hook(_module, _inputs, output):
