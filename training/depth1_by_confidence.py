@@ -17,15 +17,12 @@ tokens against 96-98% of prose's and code's.
 """
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.eval_prompts import PATH as DEFAULT_PROMPTS
 
 BUCKETS = (0.0, 0.3, 0.5, 0.7, 0.9, 1.01)
 
@@ -68,24 +65,11 @@ def predictions(model, head, features, prompt_ids: list[int], answer: list[int])
 
 
 def main(argv=None) -> int:
-    from transformers import AutoModelForCausalLM
-
-    from specdec_plugin.models.drafters import ASSETS_DIR
-    from specdec_plugin.models.smollm2 import fetch_smollm2
-    from training.drafter_io import load_for_resume
+    from training.eval_prompts import analysis_parser, target_and_eagle3
     from training.target_features import TargetFeatures
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--drafters", type=Path, default=ASSETS_DIR, help="an assets tree")
-    p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
-    p.add_argument("--categories", default="chat,code,prose")
-    p.add_argument("--per-category", type=int, default=24)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--out", type=Path)
-    args = p.parse_args(argv)
-
-    model = AutoModelForCausalLM.from_pretrained(str(fetch_smollm2()), dtype=torch.float32).eval()
-    head = load_for_resume(args.drafters, "eagle3", None, log=lambda message: None)
+    args = analysis_parser(__doc__.split("\n\n")[0], "chat,code,prose").parse_args(argv)
+    model, head = target_and_eagle3(args.drafters)
     features = TargetFeatures(model, torch.float32, head.aux_layers)
     held = head.vocab_ids.tolist()
     in_vocab = np.zeros(model.config.vocab_size, dtype=bool)

@@ -40,6 +40,36 @@ def build(tokenizer, per_category: int = PER_CATEGORY, max_files: int = 3000) ->
     return out
 
 
+def analysis_parser(description: str, categories: str):
+    """The options every CPU analysis of an EAGLE-3 head on this set takes
+    (depth1_by_confidence.py, walk_on_eval.py)."""
+    import argparse
+
+    from specdec_plugin.models.drafters import ASSETS_DIR
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--drafters", type=Path, default=ASSETS_DIR, help="an assets tree or run")
+    p.add_argument("--prompts", type=Path, default=PATH)
+    p.add_argument("--categories", default=categories)
+    p.add_argument("--per-category", type=int, default=PER_CATEGORY)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--out", type=Path)
+    return p
+
+
+def target_and_eagle3(drafters: Path):
+    """SmolLM2 (transformers, fp32, eval mode) and the EAGLE-3 head under ``drafters``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specdec_plugin.models.smollm2 import fetch_smollm2
+    from training.drafter_io import load_for_resume
+
+    model = AutoModelForCausalLM.from_pretrained(str(fetch_smollm2()), dtype=torch.float32)
+    head = load_for_resume(drafters, "eagle3", None, log=lambda message: None)
+    return model.eval(), head.eval()
+
+
 def load(path: Path = PATH) -> dict:
     return json.loads(Path(path).read_text())
 
