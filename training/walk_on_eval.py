@@ -9,10 +9,11 @@ drafts from (``engine_walk``). ``eval_acceptance.py`` measures the same prompts 
 engine.
 
 Why: the training stage's walk over its own held-out chat reads 2.9 while the engines read
-2.2 on the evaluation's chat (issue 17). Either the training's model of drafting is not what
-vLLM serves, or the two prompt sets differ. On identical prompts and text the two must agree
-if the model is right; session 38 found they do (CPU fp32: chat 2.217 walked against 2.218 in
-the engine, code 3.682 against 3.696).
+2.2 on the evaluation's chat (issue 17). On identical prompts and text the two must agree if
+the training's model of drafting is what vLLM serves; session 38 found they do (CPU fp32:
+chat 2.217 walked against 2.218 in the engine, code 3.682 against 3.696). With ``--prompts``
+(e.g. ``chat_shift.py``'s sets) and ``--max-tokens`` it showed where the 2.9 comes from: the
+stage walks answers of up to 256 tokens, and the second half of an answer drafts much better.
 """
 from __future__ import annotations
 
