@@ -25,6 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from training.data import AUX_LAYERS
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -193,7 +195,7 @@ class DecoderLayer(nn.Module):
 
 class Eagle3Head(nn.Module):
     def __init__(self, t: TargetShape, inter: int, draft_vocab_ids: torch.Tensor,
-                 num_layers: int = 1, aux_layers=(2, 15, 27)):
+                 num_layers: int = 1, aux_layers=AUX_LAYERS):
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"an EAGLE-3 head needs at least one layer, got {num_layers}")
@@ -345,7 +347,7 @@ def eagle3_num_layers(tensors: dict) -> int:
 def head_from_tensors(kind: str, tensors: dict, t: TargetShape | None = None,
                       aux_layers=None):
     """Rebuild a head from its shipped (vLLM-named) tensors: the inverse of export_tensors.
-    ``aux_layers``: an EAGLE-3 head's taps from its config (default vLLM's, 2/15/27)."""
+    ``aux_layers``: an EAGLE-3 head's taps from its config (default vLLM's, AUX_LAYERS)."""
     t = t or TargetShape()
     if kind == "eagle":
         inter = tensors["layers.0.mlp.gate_proj.weight"].shape[0]
@@ -355,7 +357,7 @@ def head_from_tensors(kind: str, tensors: dict, t: TargetShape | None = None,
         inter = tensors["midlayer.mlp.gate_proj.weight"].shape[0]
         d2t = tensors["d2t"].long()
         # The tap ids live in the config (drafter_io passes them); the file gives their count.
-        aux_layers = tuple(aux_layers or (2, 15, 27))
+        aux_layers = tuple(aux_layers or AUX_LAYERS)
         if tensors["fc.weight"].shape[1] != len(aux_layers) * t.hidden:
             raise ValueError(f"the EAGLE-3 fc reads {tensors['fc.weight'].shape[1]} inputs, not "
                              f"{len(aux_layers)} taps of {t.hidden}: pass the config's taps")

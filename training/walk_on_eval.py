@@ -23,7 +23,6 @@ import time
 
 import torch
 
-
 EOS = 2
 
 
