@@ -60,8 +60,9 @@
   shorter-first rule. Opt-in until measured on a GPU.
 - ``SPECDEC_ADAPTIVE_TABLE_LENGTHS=1``: the start-up cost table also times the target at n*q
   tokens for every draft length (q = 2..K tokens per request, n = 1, 2, 4, ... requests), on
-  graph devices in each length's own full graph, instead of interpolating between n and
-  n*(1+K) tokens (adaptive/measure.py). Default off. Opt-in until measured on a GPU.
+  graph devices above the request limit in each length's own full graph, instead of
+  interpolating between n and n*(1+K) tokens (adaptive/measure.py). Default off. Opt-in until
+  measured on a GPU.
 - ``SPECDEC_NGRAM_ON_DEVICE=0|1``: where method "ngram" matches: ``1`` on the device (our
   ``ngram_match`` kernel over device-resident token histories, vLLM's ``ngram_gpu`` path, with
   async scheduling where the device has it), ``0`` on the host (our C++ index). Default: the

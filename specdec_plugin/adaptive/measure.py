@@ -204,7 +204,9 @@ def measure_and_publish(runner, vllm_config, rank: int, budget_s: float, sync) -
     graphs = bool(getattr(runner, "_q_dispatchers", None))
 
     counts = token_counts(max_reqs, query_len, runner.max_num_tokens)
-    # Counts added for the other draft lengths, each timed in its own length's full graph.
+    # Counts added for the other draft lengths: on graph devices those above the request limit
+    # are timed in their own length's full graph; those within it as plain batches, as the
+    # base counts there are.
     extra = {}
     if envs.adaptive_table_lengths():
         extra = {t: q for t, q in length_points(max_reqs, query_len, runner.max_num_tokens).items()
