@@ -10,6 +10,8 @@ import json
 
 import torch
 
+from training.data import AUX_LAYERS
+
 TARGET = dict(hidden=576, inter=1536, heads=9, kv_heads=3, head_dim=64, vocab=49152,
               eps=1e-5, theta=100000.0, max_pos=8192, layers=30)
 
@@ -22,7 +24,8 @@ EAGLE3_INTER = 768
 # tensor-parallel size above 1 is 3 (3 KV heads): a draft vocabulary divides by 3 x 64.
 EAGLE3_VOCAB_MULTIPLE = 3 * 64
 EAGLE3_DRAFT_VOCAB = 16320  # 85 x 192; covers ~99.3% of session 17's data
-EAGLE3_AUX_LAYERS = [2, 15, 27]  # vLLM's default for a 30-layer target: (2, n // 2, n - 3)
+# vLLM's default for a 30-layer target, (2, n // 2, n - 3); a list as config.json holds it.
+EAGLE3_AUX_LAYERS = list(AUX_LAYERS)
 
 LR = {"draft_model": 3e-3, "eagle": 1e-3, "eagle3": 1e-3, "mtp": 5e-4}
 TTT_STEPS = {"eagle": 2, "eagle3": 3, "mtp": 2}
