@@ -6,7 +6,9 @@
 Every step takes one batch of similar-length sequences (``--token-budget`` tokens), runs the
 target over it once (bf16 on a GPU; hidden states recomputed, never stored:
 ``target_features.py``) and gives each drafter one AdamW step on it, against the target's own
-next-token distribution (soft cross-entropy, losses in ``train.py``):
+next-token distribution (soft cross-entropy, losses in ``train.py``; for the heads
+``--label-temperature T`` sharpens it and ``--answer-only`` drops the drafts no engine makes,
+those of chains started in the prompt):
 - eagle3: 3-layer feature fc -> decoder layer(s) (``--eagle3-layers``) -> reduced-vocab head,
   training-time test
   over ``--ttt eagle3=N`` chained steps (each step attends to its own earlier outputs);
@@ -94,6 +96,12 @@ def parse_args(argv=None):
     p.add_argument("--revocab", action="store_true",
                    help="a resumed EAGLE-3 head gets the shards' --draft-vocab most frequent tokens "
                         "as its draft vocabulary; its layers are kept (see revocab_eagle3)")
+    p.add_argument("--answer-only", action="store_true",
+                   help="heads (eagle3, eagle, mtp): loss only on drafts an engine makes, from "
+                        "answer positions; default: every position, prompts included")
+    p.add_argument("--label-temperature", type=float, default=1.0,
+                   help="heads: train to softmax(target logits / T); T < 1 leans on the argmax "
+                        "that greedy verification accepts")
     p.add_argument("--eval-seqs", type=int, default=256)
     p.add_argument("--cpu", action="store_true", help="force the CPU (smoke runs)")
     args = p.parse_args(argv)
@@ -106,6 +114,9 @@ def parse_args(argv=None):
         args.eagle3_taps = parse_taps(args.eagle3_taps) if args.eagle3_taps else None
     except ValueError as exc:
         p.error(f"--eagle3-taps: {exc}")
+    if not args.label_temperature > 0:
+        p.error(f"--label-temperature {args.label_temperature}: want T > 0 (1 = the target's "
+                "own distribution)")
     if args.eagle3_layers is not None and args.eagle3_layers < 1:
         p.error(f"--eagle3-layers {args.eagle3_layers}: an EAGLE-3 head has at least 1 layer")
     if args.draft_vocab % configs.EAGLE3_VOCAB_MULTIPLE:
@@ -297,7 +308,9 @@ def main(argv=None) -> int:
                 loss = draft_loss(module, b, emb, autocast)
                 parts = [loss]
             else:
-                loss, parts = head_loss(module, b, emb, steps, autocast, FEATURE_WEIGHT.get(kind, 0.0))
+                loss, parts = head_loss(module, b, emb, steps, autocast,
+                                        FEATURE_WEIGHT.get(kind, 0.0), args.answer_only,
+                                        args.label_temperature)
             optimizer_step(opt, params, loss)
             losses[kind] = [round(float(p.detach()), 4) for p in parts]
         seen_tokens += int(lengths.sum())

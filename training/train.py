@@ -71,13 +71,20 @@ def head_inputs(b, emb_weight):
     return inputs, emb_next, valid, b["post"][:, 1:]
 
 
-def head_loss(head, b, emb_weight, steps, autocast, feature_weight=0.0):
+def head_loss(head, b, emb_weight, steps, autocast, feature_weight=0.0, answer_only=False,
+              label_temperature=1.0):
     """Chained (training-time test) soft-CE loss of one EAGLE-1 / EAGLE-3 / MTP head on batch
-    ``b`` (``slice_batch``'s keys): step j weighs 0.8**j; returns (loss, per-step CE)."""
+    ``b`` (``slice_batch``'s keys): step j weighs 0.8**j; returns (loss, per-step CE).
+
+    ``answer_only``: count step j at position q only where its chain starts (q - j) where an
+    engine drafts from, inside the answer (``q - j + 1 >= prompt_len``); an engine never drafts
+    the prompt. ``label_temperature`` < 1 sharpens the target's distribution towards its argmax,
+    the one token greedy verification accepts."""
     inputs, emb_next, valid, target_feat = head_inputs(b, emb_weight)
     vocab_ids = getattr(head, "vocab_ids", None)
     with torch.no_grad(), autocast():
-        probs = torch.softmax(F.linear(target_feat, emb_weight).float(), -1)
+        logits_t = F.linear(target_feat, emb_weight).float()
+        probs = torch.softmax(logits_t / label_temperature, -1)
         if vocab_ids is not None:
             probs = probs[..., vocab_ids]
             probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-6)
@@ -87,6 +94,8 @@ def head_loss(head, b, emb_weight, steps, autocast, feature_weight=0.0):
         q = torch.arange(valid.shape[1], device=valid.device)[None, :]
         for j, (feat, logits) in enumerate(outs):
             mask = valid * (q >= j).float()
+            if answer_only:
+                mask = mask * (q - j + 1 >= b["prompt_lens"][:, None]).float()
             ce = soft_ce(logits, probs, mask)
             part = ce
             if feature_weight:
