@@ -5,7 +5,11 @@
   drafters were trained on, none of them an evaluation question;
 - ``self_instruct``: held-out questions SmolLM2 wrote (``self_instruct.py``). No drafter saw
   them; the EAGLE-3 shipped since session 20 trained on the rest of that file, so for it this
-  set is held-out chat of a kind it knows, no longer an unseen kind.
+  set is held-out chat of a kind it knows, no longer an unseen kind;
+- ``self_instruct_trained``: questions from the same file that are not held out, which every
+  EAGLE-3 since session 20 trained on (``stage_gen`` runs out of chat prompts before its
+  deadline). Against ``self_instruct`` it tells whether the head learned chat or these
+  questions' answers: a head that reads much better on them has too few distinct questions.
 
 Written in the evaluation's prompt-file format, for ``eval_acceptance --prompts``:
 
@@ -36,6 +40,12 @@ def held_out_first(texts: list[str], count: int, exclude: set[str]) -> list[str]
     return sorted(kept, key=lambda t: stable_hash(t))[:count]
 
 
+def trained_first(texts: list[str], count: int, exclude: set[str]) -> list[str]:
+    """Up to ``count`` texts the generator trains on (not held out), in hash order."""
+    kept = [t for t in texts if not is_heldout(f"chat/{t}") and t not in exclude]
+    return sorted(kept, key=lambda t: stable_hash(t))[:count]
+
+
 def build(tokenizer, count: int) -> dict:
     from training.chat_instructions import all_instructions
     from training.eval_prompts import chat_questions, load
@@ -45,7 +55,8 @@ def build(tokenizer, count: int) -> dict:
     evaluation = load()["chat"][:count]
     asked = set(chat_questions())
     sets = {"templated": held_out_first(all_instructions(), count, asked),
-            "self_instruct": held_out_first(load_questions(), count, asked)}
+            "self_instruct": held_out_first(load_questions(), count, asked),
+            "self_instruct_trained": trained_first(load_questions(), count, asked)}
     out = {"eval_chat": [{"name": p["name"], "prompt_token_ids": p["prompt_token_ids"]}
                          for p in evaluation]}
     for name, texts in sets.items():
