@@ -37,7 +37,9 @@
   ``suffix``, whose host drafting the start-up table does not time: on the H100 (sessions 23
   and 24, three runs) it took suffix on code editing at batch 16 from 1.26-1.35x of plain
   decoding to 1.00-1.01x, at the price of its batch-1 win in two of the runs. n-gram moved
-  within run-to-run noise; the EAGLE family and the draft model are not yet measured with it.
+  within run-to-run noise. The CPU device layer sets ``ngram,eagle3``: n-gram on code edits at
+  batch 4 (session 36) and EAGLE-3 on chat at batch 8 (session 39) drafted where the table alone
+  misjudged the cost. EAGLE, MTP and the draft model are not yet measured with it.
 - ``SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR=median|iqm``: how a draft length's observed/predicted
   step-time ratios become its correction: the median of the last 16 (default), or ``iqm``, the
   mean of their middle half (adaptive/observed_cost.py says why). Opt-in until measured on a
