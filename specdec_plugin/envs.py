@@ -39,7 +39,8 @@
   decoding to 1.00-1.01x, at the price of its batch-1 win in two of the runs. n-gram moved
   within run-to-run noise. The CPU device layer sets ``ngram,eagle3``: n-gram on code edits at
   batch 4 (session 36) and EAGLE-3 on chat at batch 8 (session 39) drafted where the table alone
-  misjudged the cost. EAGLE, MTP and the draft model are not yet measured with it.
+  misjudged the cost. EAGLE, MTP and the draft model did no better with it on the CPU at
+  batch 8 (session 39), so they keep the table alone there.
 - ``SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR=median|iqm``: how a draft length's observed/predicted
   step-time ratios become its correction: the median of the last 16 (default), or ``iqm``, the
   mean of their middle half (adaptive/observed_cost.py says why). Opt-in until measured on a
