@@ -182,23 +182,24 @@ def time_side(side, workloads: dict[str, list[list[int]]], max_tokens: int, repe
     Each cell is timed ``repeats`` times after one warm-up and reported at the median time (the
     times are kept): one pass per cell moved plain decoding by up to 7% between runs on 2 cores
     (session 39), too much for a 3% bar."""
+    def timed(run, label: str):
+        """(seconds of each of ``repeats`` calls of ``run``, the output they all gave)."""
+        times, first = [], None
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            outs = run()
+            times.append(time.perf_counter() - t0)
+            first = outs if first is None else first
+            assert outs == first, f"{label}: greedy output changed between repeats"
+        return times, first
+
     rates = {}
     for wl, prompts in workloads.items():
         side.generate([prompts[0]], 4)  # warm-up
-        times1, times8, outs1, outs8 = [], [], None, None
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            outs = [side.generate([p], max_tokens)[0] for p in prompts]
-            times1.append(time.perf_counter() - t0)
-            outs1 = outs1 or outs
-            assert outs == outs1, f"{wl}: batch-1 greedy output changed between repeats"
+        times1, outs1 = timed(lambda: [side.generate([p], max_tokens)[0] for p in prompts],
+                              f"{wl} batch 1")
         side.generate(prompts, 4)
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            outs = side.generate(prompts, max_tokens)
-            times8.append(time.perf_counter() - t0)
-            outs8 = outs8 or outs
-            assert outs == outs8, f"{wl}: batch-8 greedy output changed between repeats"
+        times8, outs8 = timed(lambda: side.generate(prompts, max_tokens), f"{wl} batch 8")
         tokens = len(prompts) * max_tokens
         rates[wl] = {"batch1": tokens / statistics.median(times1),
                      "batch8": tokens / statistics.median(times8),

@@ -34,15 +34,10 @@ def _chat(texts: list[str]) -> list[dict]:
     return [{"name": f"chat/{t}", "category": "chat", "chat": True, "text": t} for t in texts]
 
 
-def held_out_first(texts: list[str], count: int, exclude: set[str]) -> list[str]:
-    """Up to ``count`` held-out texts not in ``exclude``, in hash order (no bias to any topic)."""
-    kept = [t for t in texts if is_heldout(f"chat/{t}") and t not in exclude]
-    return sorted(kept, key=lambda t: stable_hash(t))[:count]
-
-
-def trained_first(texts: list[str], count: int, exclude: set[str]) -> list[str]:
-    """Up to ``count`` texts the generator trains on (not held out), in hash order."""
-    kept = [t for t in texts if not is_heldout(f"chat/{t}") and t not in exclude]
+def first_by_hash(texts: list[str], count: int, exclude: set[str], held_out: bool) -> list[str]:
+    """Up to ``count`` texts not in ``exclude`` that are held out (``held_out``) or that the
+    generator trains on (not ``held_out``), in hash order (no bias to any topic)."""
+    kept = [t for t in texts if is_heldout(f"chat/{t}") == held_out and t not in exclude]
     return sorted(kept, key=lambda t: stable_hash(t))[:count]
 
 
@@ -54,9 +49,10 @@ def build(tokenizer, count: int) -> dict:
 
     evaluation = load()["chat"][:count]
     asked = set(chat_questions())
-    sets = {"templated": held_out_first(all_instructions(), count, asked),
-            "self_instruct": held_out_first(load_questions(), count, asked),
-            "self_instruct_trained": trained_first(load_questions(), count, asked)}
+    questions = load_questions()
+    sets = {"templated": first_by_hash(all_instructions(), count, asked, held_out=True),
+            "self_instruct": first_by_hash(questions, count, asked, held_out=True),
+            "self_instruct_trained": first_by_hash(questions, count, asked, held_out=False)}
     out = {"eval_chat": [{"name": p["name"], "prompt_token_ids": p["prompt_token_ids"]}
                          for p in evaluation]}
     for name, texts in sets.items():
