@@ -60,12 +60,16 @@
 - ``SPECDEC_ADAPTIVE_SWITCH_GAIN=<fraction>``: while drafting, the adaptive controller keeps
   its draft length until another drafting length promises this much more throughput (0.03:
   3%; adaptive/policy.py). Unset (default): no hold, each step's best length by the
-  shorter-first rule. Opt-in until measured on a GPU.
-- ``SPECDEC_ADAPTIVE_TABLE_LENGTHS=1``: the start-up cost table also times the target at n*q
-  tokens for every draft length (q = 2..K tokens per request, n = 1, 2, 4, ... requests), on
-  graph devices above the request limit in each length's own full graph, instead of
-  interpolating between n and n*(1+K) tokens (adaptive/measure.py). Default off. Opt-in until
-  measured on a GPU.
+  shorter-first rule. Opt-in: on the H200 (session 40, EAGLE-3, batches 4-64) it did no
+  better than the default.
+- ``SPECDEC_ADAPTIVE_TABLE_LENGTHS=0|1|<methods>``: the start-up cost table also times the
+  target at n*q tokens for every draft length (q = 2..K tokens per request, n = 1, 2, 4, ...
+  requests), on graph devices above the request limit in each length's own full graph,
+  instead of interpolating between n and n*(1+K) tokens (adaptive/measure.py): ``1`` every
+  method, ``0`` none, or a comma list of methods. Unset: ``0``; the CUDA device layer sets
+  ``eagle3``: on the H200 (session 40, SmolLM2 padded to 7B, batches 4-64) EAGLE-3 with it was
+  within 1.022x of the better of plain decoding and K every step in all 8 cells, the
+  interpolated table at worst 1.046x. Other methods are not yet measured with it.
 - ``SPECDEC_NGRAM_ON_DEVICE=0|1``: where method "ngram" matches: ``1`` on the device (our
   ``ngram_match`` kernel over device-resident token histories, vLLM's ``ngram_gpu`` path, with
   async scheduling where the device has it), ``0`` on the host (our C++ index). Default: the
@@ -183,16 +187,22 @@ def adaptive_observed_estimator() -> str:
     return value or "median"
 
 
-def adaptive_observed_cost_methods() -> frozenset[str] | None:
-    """The methods whose controller learns step costs; None: every method. Unset: none here;
-    the CUDA device layer sets ``suffix`` in its process_env, the CPU one ``ngram``. Names are
-    checked against the adaptive methods where the config is built (adaptive/config.py)."""
-    value = os.environ.get("SPECDEC_ADAPTIVE_OBSERVED_COST", "0").strip().lower() or "0"
+def _method_list(raw: str) -> frozenset[str] | None:
+    """A per-method switch's value: None for every method (``1``), the empty set for none
+    (``0``, unset), else the comma list's names (checked where the config is built,
+    adaptive/config.py)."""
+    value = raw.strip().lower() or "0"
     if value in _TRUE:
         return None
     if value in ("0", "false", "no", "off"):
         return frozenset()
     return frozenset(name.strip() for name in value.split(",") if name.strip())
+
+
+def adaptive_observed_cost_methods() -> frozenset[str] | None:
+    """The methods whose controller learns step costs; None: every method. Unset: none here;
+    the CUDA device layer sets ``suffix`` in its process_env, the CPU one ``ngram,eagle3``."""
+    return _method_list(os.environ.get("SPECDEC_ADAPTIVE_OBSERVED_COST", "0"))
 
 
 def _number(name: str, raw: str, low: float, high: float, meaning: str,
@@ -249,8 +259,10 @@ def adaptive_switch_gain() -> float | None:
                    "to replace the current one)", "unset it to choose the best length every step")
 
 
-def adaptive_table_lengths() -> bool:
-    return os.environ.get("SPECDEC_ADAPTIVE_TABLE_LENGTHS", "0").strip().lower() in _TRUE
+def adaptive_table_length_methods() -> frozenset[str] | None:
+    """The methods whose start-up table is timed at every draft length; None: every method.
+    Unset: none here; the CUDA device layer sets ``eagle3`` in its process_env."""
+    return _method_list(os.environ.get("SPECDEC_ADAPTIVE_TABLE_LENGTHS", "0"))
 
 
 def ngram_on_device() -> bool | None:

@@ -1,6 +1,7 @@
 """The start-up cost table at every draft length's token counts (SPECDEC_ADAPTIVE_TABLE_LENGTHS,
-adaptive/measure.py): which counts are added, and how a graph device times each one (in the
-full graph of its own query length), through measure_and_publish with a stand-in runner."""
+adaptive/measure.py): which counts are added, how a graph device times each one (in the full
+graph of its own query length), through measure_and_publish with a stand-in runner, and which
+methods the switch's value covers."""
 from __future__ import annotations
 
 import contextlib
@@ -46,16 +47,19 @@ class _Runner:
         self.calls.append((t, self._q, uniform_decode))
 
 
-def _publish(monkeypatch, graphs: bool, lengths: bool):
-    if lengths:
+def _publish(monkeypatch, graphs: bool, lengths: bool | str, method: str = "eagle3"):
+    if lengths is True:
         monkeypatch.setenv("SPECDEC_ADAPTIVE_TABLE_LENGTHS", "1")
+    elif lengths:  # a method list
+        monkeypatch.setenv("SPECDEC_ADAPTIVE_TABLE_LENGTHS", lengths)
     else:
         monkeypatch.delenv("SPECDEC_ADAPTIVE_TABLE_LENGTHS", raising=False)
     written = []
     monkeypatch.setattr(measure, "write_cost_table", lambda config, text: written.append(text))
     config = SimpleNamespace(
         scheduler_config=SimpleNamespace(scheduler_cls=_SCHEDULERS[True]),
-        speculative_config=SimpleNamespace(num_speculative_tokens=4, use_eagle=lambda: False,
+        speculative_config=SimpleNamespace(num_speculative_tokens=4, method=method,
+                                           use_eagle=lambda: False,
                                            uses_draft_model=lambda: False),
         model_config=SimpleNamespace(get_hidden_size=lambda: 8, dtype=torch.float32))
     runner = _Runner(graphs)
@@ -88,3 +92,32 @@ def test_each_added_count_is_timed_at_its_own_query_length(monkeypatch, graphs):
     # The base counts are timed as before: 40 = 8 requests x (1 + K) in vLLM's own graphs.
     assert {c for c in runner.calls if c[0] == 40} == ({(40, None, True)} if graphs
                                                        else {(40, None, False)})
+
+
+@pytest.mark.parametrize("value, method, timed", [
+    ("eagle3", "eagle3", True), ("eagle3", "ngram", False), ("ngram, suffix", "ngram_gpu", True),
+    ("suffix", "eagle3", False), ("0", "eagle3", False)])
+def test_a_method_list_times_every_length_for_the_named_methods_only(monkeypatch, value, method,
+                                                                       timed):
+    _, counts = _publish(monkeypatch, graphs=True, lengths=value, method=method)
+    assert counts == (sorted(BASE + list(EXTRA)) if timed else BASE)
+
+
+def test_a_name_that_is_no_adaptive_method_is_refused_naming_the_variable(monkeypatch):
+    from specdec_plugin.adaptive.config import _check_table_length_methods
+
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_TABLE_LENGTHS", "eagle3,eagle-3")
+    with pytest.raises(ValueError, match=r"SPECDEC_ADAPTIVE_TABLE_LENGTHS names \['eagle-3'\]"):
+        _check_table_length_methods()
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_TABLE_LENGTHS", "eagle3, ngram")
+    _check_table_length_methods()
+
+
+def test_cuda_times_every_length_for_eagle3_and_the_cpu_leaves_it_unset():
+    # EAGLE-3 on the H200 (session 40): within 1.022x of the better of plain and K every step
+    # in all 8 cells with it; other methods not yet measured. The CPU has not run it.
+    from specdec_plugin.device.cpu import CpuDevice
+    from specdec_plugin.device.cuda import CudaDevice
+
+    assert CudaDevice.process_env["SPECDEC_ADAPTIVE_TABLE_LENGTHS"] == "eagle3"
+    assert "SPECDEC_ADAPTIVE_TABLE_LENGTHS" not in CpuDevice.process_env

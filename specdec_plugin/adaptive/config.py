@@ -45,26 +45,43 @@ def why_not_adaptive(vllm_config) -> str | None:
     return None
 
 
-def _check_observed_cost_methods() -> None:
-    methods = envs.adaptive_observed_cost_methods()
+def _check_method_list(variable: str, methods: frozenset[str] | None) -> None:
     unknown = sorted((methods or frozenset()) - ADAPTIVE_METHODS)
     if unknown:
         raise ValueError(
-            f"SPECDEC_ADAPTIVE_OBSERVED_COST names {unknown}, which are not adaptive methods: "
+            f"{variable} names {unknown}, which are not adaptive methods: "
             f"use 0, 1, or a comma list of {sorted(ADAPTIVE_METHODS - {'ngram_gpu'})}")
+
+
+def _check_observed_cost_methods() -> None:
+    _check_method_list("SPECDEC_ADAPTIVE_OBSERVED_COST", envs.adaptive_observed_cost_methods())
+
+
+def _check_table_length_methods() -> None:
+    _check_method_list("SPECDEC_ADAPTIVE_TABLE_LENGTHS", envs.adaptive_table_length_methods())
 
 
 def _check_observed_estimator() -> None:
     check_estimator(envs.adaptive_observed_estimator(), "SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR=")
 
 
-def learns_step_costs(method: str) -> bool:
-    """Whether the controller of ``method`` corrects its cost table by observed step times.
-    ``ngram_gpu`` (n-gram matched on the device) goes by the user's name for it, ``ngram``."""
-    methods = envs.adaptive_observed_cost_methods()
+def _named(methods: frozenset[str] | None, method: str) -> bool:
+    """Whether a per-method switch's value covers ``method``. ``ngram_gpu`` (n-gram matched on
+    the device) goes by the user's name for it, ``ngram``."""
     if methods is None:
         return True
     return ("ngram" if method == "ngram_gpu" else method) in methods
+
+
+def learns_step_costs(method: str) -> bool:
+    """Whether the controller of ``method`` corrects its cost table by observed step times."""
+    return _named(envs.adaptive_observed_cost_methods(), method)
+
+
+def times_every_length(method: str) -> bool:
+    """Whether the start-up cost table of ``method`` is timed at every draft length's token
+    counts (adaptive/measure.py) instead of interpolated between n and n*(1+K)."""
+    return _named(envs.adaptive_table_length_methods(), method)
 
 
 def adaptive_enabled(vllm_config) -> bool:
@@ -85,6 +102,7 @@ def apply_adaptive(vllm_config) -> None:
     envs.adaptive_resume_gain()
     envs.adaptive_probe_budget()
     _check_observed_cost_methods()
+    _check_table_length_methods()
     _check_observed_estimator()
     envs.adaptive_protect()
     envs.adaptive_switch_gain()

@@ -19,8 +19,7 @@ import time
 
 import numpy as np
 
-from specdec_plugin import envs
-from specdec_plugin.adaptive.config import adaptive_enabled
+from specdec_plugin.adaptive.config import adaptive_enabled, times_every_length
 from specdec_plugin.adaptive.cost_model import CostTable
 from specdec_plugin.adaptive.handoff import write_cost_table
 from specdec_plugin.log import init_logger
@@ -208,7 +207,7 @@ def measure_and_publish(runner, vllm_config, rank: int, budget_s: float, sync) -
     # are timed in their own length's full graph; those within it as plain batches, as the
     # base counts there are.
     extra = {}
-    if envs.adaptive_table_lengths():
+    if times_every_length(spec.method):
         extra = {t: q for t, q in length_points(max_reqs, query_len, runner.max_num_tokens).items()
                  if t not in counts}
         counts = sorted(set(counts) | set(extra))

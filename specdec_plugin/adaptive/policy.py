@@ -27,9 +27,11 @@ the shorter-first scan above picks afresh every step: where two lengths score wi
 percent of each other, the choice follows the noise of the acceptance estimates. On the H200
 (issue 11, session 37, SmolLM2 padded to 7B, code edits at batch 32, EAGLE-3) the start-up
 table scored lengths 3 and 4 within 1%; the engine drafted 3.58 tokens per step and took 1.16x
-the time of K every step. Whether holding the length recovers that is to be measured on a GPU
-(``ours-hold`` in benchmarks/bench_gpu_side_by_side.py); turning drafting off is not held
-(the hysteresis above governs on and off).
+the time of K every step. Measured on the H200 in session 40 (``ours-hold`` in
+benchmarks/bench_gpu_side_by_side.py, batches 4-64), holding did no better than the default
+and is not one; turning drafting off is not held (the hysteresis above governs on and off).
+There, at batch 32, steps drafting 3 and 4 came 7.6 ms apart alike (SPECDEC_STEP_LOG), which
+a table of forward passes, 0.6 ms apart for the two lengths, does not predict.
 
 Protecting the least accepting requests (opt-in, ``protect_quantile``). Every request of a step
 verifies the same k (uniform drafts), so a step whose drafts pay on average can still make the

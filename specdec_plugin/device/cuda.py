@@ -53,9 +53,17 @@ class CudaDevice(DeviceLayer):
     # padded to 7B, real prompts, three runs) suffix on code editing at batch 16 went from
     # 1.26-1.35x of plain decoding to 1.00-1.01x, giving up its batch-1 win in two of them;
     # n-gram moved within the runs' noise, so it keeps the table alone.
+    # The start-up table timed at every draft length for EAGLE-3 (adaptive/measure.py): on
+    # the H200 (2026-11-29, session 40, SmolLM2 padded to 7B, prose and code edits, batches
+    # 4-64, five timed runs) it was within 1.022x of the better of plain decoding and K every
+    # step in all 8 cells, where the interpolated table missed prose at batch 4 (1.046x); its
+    # measured 192 tokens (batch 64 drafting 2) cost 8.06 ms where interpolation said 7.52.
+    # The default engine's table read the drafter at 0.50 ms against 0.24-0.28 in the others,
+    # so that A/B is not clean. Other methods are not measured with it yet.
     process_env: ClassVar[dict[str, str]] = {"SPECDEC_DEFER_DRAFTER_SYNC": "1",
                                              "SPECDEC_UNIFORM_DRAFTS": "1",
-                                             "SPECDEC_ADAPTIVE_OBSERVED_COST": "suffix"}
+                                             "SPECDEC_ADAPTIVE_OBSERVED_COST": "suffix",
+                                             "SPECDEC_ADAPTIVE_TABLE_LENGTHS": "eagle3"}
     # Graph replays are quick to time: measure more sizes.
     step_cost_budget_s = 10.0
     # Inductor fuses the norm / rotary / activation code between our attention calls, as on
