@@ -167,6 +167,10 @@ BACKENDS = {
                          {"SPECDEC_ADAPTIVE_SWITCH_GAIN": "0.03"}, methods=_DRAFTING),
     "ours-lengths": Backend("ours", "specdec_plugin, table at every draft length",
                             {"SPECDEC_ADAPTIVE_TABLE_LENGTHS": "1"}, methods=_DRAFTING),
+    # The table interpolated between n and n*(1+K) tokens, as before session 40 made every
+    # length's timing the CUDA default for EAGLE-3: "ours-lengths" against this, per method.
+    "ours-interp": Backend("ours", "specdec_plugin, table interpolated between lengths",
+                           {"SPECDEC_ADAPTIVE_TABLE_LENGTHS": "0"}, methods=_DRAFTING),
     # The draft model as before session 25: its drafter graphs recorded per exact batch shape
     # while serving, its pass run every step (no deferral without padded graphs).
     "ours-unpadded": Backend("ours", "specdec_plugin, draft model unpadded",
@@ -359,7 +363,7 @@ def main() -> None:
                              "SPECDEC_ADAPTIVE_RESUME_GAIN=0; ours-protect: "
                              "SPECDEC_ADAPTIVE_PROTECT=0.25; ours-hold: "
                              "SPECDEC_ADAPTIVE_SWITCH_GAIN=0.03; ours-lengths: "
-                             "SPECDEC_ADAPTIVE_TABLE_LENGTHS=1; ours-unpadded: "
+                             "SPECDEC_ADAPTIVE_TABLE_LENGTHS=1, ours-interp =0; ours-unpadded: "
                              "SPECDEC_DRAFTER_PADDING=0, draft model)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "
