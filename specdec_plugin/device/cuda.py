@@ -58,7 +58,7 @@ class CudaDevice(DeviceLayer):
     # 4-64, five timed runs) it was within 1.022x of the better of plain decoding and K every
     # step in all 8 cells, where the interpolated table missed prose at batch 4 (1.046x); its
     # measured 192 tokens (batch 64 drafting 2) cost 8.06 ms where interpolation said 7.52.
-    # The default engine's table read the drafter at 0.50 ms against 0.24-0.28 in the others,
+    # The default engine's table read the drafter at 0.50 ms against 0.24-0.36 in the others,
     # so that A/B is not clean. Other methods are not measured with it yet.
     process_env: ClassVar[dict[str, str]] = {"SPECDEC_DEFER_DRAFTER_SYNC": "1",
                                              "SPECDEC_UNIFORM_DRAFTS": "1",
