@@ -30,8 +30,8 @@ table scored lengths 3 and 4 within 1%; the engine drafted 3.58 tokens per step 
 the time of K every step. Measured on the H200 in session 40 (``ours-hold`` in
 benchmarks/bench_gpu_side_by_side.py, batches 4-64), holding did no better than the default
 and is not one; turning drafting off is not held (the hysteresis above governs on and off).
-There, at batch 32, steps drafting 3 and 4 came 7.6 ms apart alike (SPECDEC_STEP_LOG), which
-a table of forward passes, 0.6 ms apart for the two lengths, does not predict.
+There, at batch 32, steps drafting 3 took as long as steps drafting 4 (7.6 ms from one step
+to the next, SPECDEC_STEP_LOG), where a table of forward passes puts them 0.6 ms apart.
 
 Protecting the least accepting requests (opt-in, ``protect_quantile``). Every request of a step
 verifies the same k (uniform drafts), so a step whose drafts pay on average can still make the
