@@ -34,10 +34,12 @@
   the step costs measured at engine start, per draft length, by the step times it observes
   while serving (adaptive/observed_cost.py): ``1`` every method, ``0`` none, or a comma list
   of methods (``suffix``, ``ngram,suffix``). Unset: ``0``; the CUDA device layer sets
-  ``suffix``, whose host drafting the start-up table does not time: on the H100 (sessions 23
-  and 24, three runs) it took suffix on code editing at batch 16 from 1.26-1.35x of plain
-  decoding to 1.00-1.01x, at the price of its batch-1 win in two of the runs. n-gram moved
-  within run-to-run noise. The CPU device layer sets ``ngram,eagle3``: n-gram on code edits at
+  ``suffix,eagle3``. Suffix's host drafting the start-up table does not time: on the H100
+  (sessions 23 and 24, three runs) the correction took suffix on code editing at batch 16 from
+  1.26-1.35x of plain decoding to 1.00-1.01x, at the price of its batch-1 win in two of the
+  runs. EAGLE-3 on the H200 (session 41, one run): the table alone drafted one token a step on
+  code edits at batch 64 (1.065x static K), corrected 3.1 (0.946x). n-gram moved within
+  run-to-run noise. The CPU device layer sets ``ngram,eagle3``: n-gram on code edits at
   batch 4 (session 36) and EAGLE-3 on chat at batch 8 (session 39) drafted where the table alone
   misjudged the cost. EAGLE, MTP and the draft model did no better with it on the CPU at
   batch 8 (session 39), so they keep the table alone there.

@@ -33,8 +33,8 @@ on the evidence of an earlier request.
 
 Costs: the start-up cost table, corrected by the step times the scheduler observes
 (``observe_step_time``, ``observed_cost.py``) where ``learn_costs`` is on
-(``SPECDEC_ADAPTIVE_OBSERVED_COST``: by default on CUDA GPUs for suffix, on CPUs for n-gram
-and EAGLE-3;
+(``SPECDEC_ADAPTIVE_OBSERVED_COST``: by default on CUDA GPUs for suffix and EAGLE-3, on CPUs
+for n-gram and EAGLE-3;
 envs.py).
 A probe's verifying step is an observation of its length, so probes also tell what drafting
 costs while the controller is off.

@@ -60,9 +60,15 @@ class CudaDevice(DeviceLayer):
     # measured 192 tokens (batch 64 drafting 2) cost 8.06 ms where interpolation said 7.52.
     # The default engine's table read the drafter at 0.50 ms against 0.24-0.36 in the others,
     # so that A/B is not clean. Other methods are not measured with it yet.
+    # Observed step costs for EAGLE-3 too: on the H200 (2026-11-29, session 41, same setup,
+    # batches 4/16/64, four timed runs, order swapped) the table alone drafted 1.06 tokens a
+    # step on code edits at batch 64 (1.065x static K; the table put 1 and 3 drafts within 4%,
+    # but a 1-draft step cost about 26% more than it said); corrected, 3.12 tokens (0.946x).
+    # In decode time the corrected engine was within 1.004x of the better of plain and static
+    # K in all 6 cells, the table alone 1.092x at worst; one run, not yet repeated.
     process_env: ClassVar[dict[str, str]] = {"SPECDEC_DEFER_DRAFTER_SYNC": "1",
                                              "SPECDEC_UNIFORM_DRAFTS": "1",
-                                             "SPECDEC_ADAPTIVE_OBSERVED_COST": "suffix",
+                                             "SPECDEC_ADAPTIVE_OBSERVED_COST": "suffix,eagle3",
                                              "SPECDEC_ADAPTIVE_TABLE_LENGTHS": "eagle3"}
     # Graph replays are quick to time: measure more sizes.
     step_cost_budget_s = 10.0
