@@ -210,7 +210,7 @@ def _job(backend: str, target: str, spec: dict | None, workload: dict, args) -> 
     job = {"backend": runner_backend, "model": target, "engine": engine,
            "max_tokens": args.max_tokens, "batches": args.batches, "repeats": args.repeats,
            "warmups": args.warmups, "env": dict(env),
-           "batch1_prompts": args.batch1_prompts}
+           "batch1_prompts": args.batch1_prompts, "cell_prompts": args.cell_prompts}
     job.update({k: v for k, v in workload.items()
                 if k in ("prompts", "prompt_token_ids", "workloads")})
     if backend == "native" and args.native_runner == "v1":
@@ -341,6 +341,10 @@ def main() -> None:
     parser.add_argument("--batch1-prompts", type=int, default=1,
                         help="time batch 1 over this many prompts, one request after another "
                              "in each run (default 1: the first prompt alone)")
+    parser.add_argument("--cell-prompts", type=int, default=0,
+                        help="time every batch size b below this many prompts over them: "
+                             "ceil(N/b) rounds of b requests in each run (default 0: one round "
+                             "of b; batch 1 then follows --batch1-prompts)")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmups", type=int, default=2)
@@ -377,6 +381,7 @@ def main() -> None:
     report = {"model": args.model, "k": args.k, "batches": args.batches,
               "max_tokens": args.max_tokens, "repeats": args.repeats,
               "warmups": args.warmups, "batch1_prompts": args.batch1_prompts,
+              "cell_prompts": args.cell_prompts,
               "acceptance_length_setting": args.acceptance_length if args.model.endswith("-random") else None,
               "tensor_parallel_size": args.tensor_parallel_size,
               "native_runner": args.native_runner,

@@ -50,6 +50,19 @@ def test_batch_one_over_several_prompts_sends_them_one_at_a_time():
         [prompts[i % len(prompts)] for i in range(4)]]
     # Unset: batch 1 is the first prompt alone, as before.
     assert cell_rounds({"prompts": prompts}, 1) == [[prompts[0]]]
+    # With cell_prompts, each batch size below the count sends ceil(count / b) rounds of b,
+    # the prompts round-robin; batch sizes at or above it stay one round.
+    cells = rng.randrange(5, 20)
+    batch = rng.randrange(2, cells)
+    rounds = cell_rounds({"prompts": prompts, "cell_prompts": cells}, batch)
+    assert len(rounds) == -(-cells // batch) and all(len(r) == batch for r in rounds)
+    assert [p for r in rounds for p in r] == [prompts[i % len(prompts)]
+                                               for i in range(len(rounds) * batch)]
+    assert cell_rounds({"prompts": prompts, "cell_prompts": cells}, cells + 1) == [
+        [prompts[i % len(prompts)] for i in range(cells + 1)]]
+    # At batch 1 the larger of the two counts.
+    assert len(cell_rounds({"prompts": prompts, "cell_prompts": cells, "batch1_prompts": 2},
+                           1)) == cells
     # A workload's prompts replace the job's own.
     other = [f"other {rng.random()}" for _ in range(3)]
     assert cell_rounds({"prompts": prompts, "batch1_prompts": 2}, 1, {"prompts": other}) == [
