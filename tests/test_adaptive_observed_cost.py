@@ -27,6 +27,26 @@ def test_without_observations_the_table_stands():
             assert cost.step_time(n, k) == NGRAM_LIKE.step_time(n, k)
 
 
+def test_step_times_kept_between_observations_are_the_formula_s():
+    """step_time keeps each batch size's corrected times until the next observation (the
+    policy reads every length each step): after any stream of observations and queries it
+    returns exactly max_j<=k table(n, j) * factor(j)."""
+    import random
+
+    rng = random.Random()
+    cost = ObservedCost(NGRAM_LIKE)
+    for _ in range(400):
+        if rng.random() < 0.4:
+            n, k = rng.choice((1, 3, 16, 64, 300)), rng.randrange(K + 1)
+            cost.observe(n, k, rng.uniform(0.4, 4.0) * NGRAM_LIKE.step_time(n, k))
+        for _ in range(rng.randrange(1, 4)):
+            n, k = rng.choice((1, 2, 16, 64, 65, 300)), rng.randrange(K + 1)
+            assert cost.step_time(n, k) == max(NGRAM_LIKE.step_time(n, j) * cost.factor(j)
+                                               for j in range(k + 1))
+    with pytest.raises(ValueError, match="negative"):
+        cost.step_time(4, -1)
+
+
 def test_a_factor_is_applied_only_after_enough_observations_and_converges():
     cost = ObservedCost(NGRAM_LIKE)
     _feed(cost, 16, 2, 2.0, MIN_OBS - 1)

@@ -116,6 +116,10 @@ class ObservedCost:
         # Each length's own factor until its window changes: ``step_time(n, k)`` reads the
         # factors of every length up to k, and the policy asks for every k each step.
         self._own_factors: dict[int, float] = {}
+        # Corrected step times by batch size, each a running maximum over lengths 0..k (see
+        # step_time); the policy reads every length each step, and only an observation
+        # changes them.
+        self._corrected: dict[int, list[float]] = {}
 
     def observe(self, num_reqs: int, k: int, seconds: float) -> bool:
         """A step of ``num_reqs`` requests that verified ``k`` drafts each took ``seconds``.
@@ -130,6 +134,7 @@ class ObservedCost:
             self._log_ratios[k] = deque(maxlen=self.settings.window)
         self._log_ratios[k].append(math.log(ratio))
         self._own_factors.pop(k, None)
+        self._corrected.clear()
         self.observations[k] = self.observations.get(k, 0) + 1
         return True
 
@@ -167,7 +172,18 @@ class ObservedCost:
         async pipeline, fell in two groups (4.7 and 8.6 ms at batch 1, where a plain step
         took 6). At 0.72 a one-token draft looked 20% cheaper than a plain step, so drafting
         with nothing accepted looked like a gain and turned on and off 20 times in one run."""
-        return max(self.table.step_time(num_reqs, j) * self.factor(j) for j in range(k + 1))
+        if k < 0:
+            raise ValueError(f"draft length {k} is negative")
+        times = self._corrected.get(num_reqs)
+        if times is None:
+            if len(self._corrected) >= 64:  # batch sizes between two observations: bounded
+                self._corrected.clear()
+            times = self._corrected[num_reqs] = []
+        while len(times) <= k:  # extend the running maximum to length k
+            j = len(times)
+            seconds = self.table.step_time(num_reqs, j) * self.factor(j)
+            times.append(max(times[-1], seconds) if times else seconds)
+        return times[k]
 
     def changes(self, lengths, threshold: float = 0.25) -> list[tuple[int, float, float]]:
         """(k, factor last reported, factor now) for each of ``lengths`` whose own learned

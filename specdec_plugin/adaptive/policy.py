@@ -75,18 +75,22 @@ MIN_GAIN = 0.03
 RESUME_GAIN = 0.10
 
 
-def choose_draft_length(rates: np.ndarray, cost: StepCost, allowed: Sequence[int],
-                        min_gain: float = MIN_GAIN, drafting: bool = True,
-                        resume_gain: float = RESUME_GAIN,
-                        protect_quantile: float | None = None, current: int | None = None,
-                        switch_gain: float | None = None) -> Decision:
-    """rates: [n, K] acceptance per request and position; allowed: the lengths to consider
-    (0 means a plain decode step); drafting: whether the controller's current regime drafts
-    (False: it has been taking plain steps, and drafting must gain ``resume_gain`` to start);
-    protect_quantile: None, or the quantile of requests (by expected tokens per step) that a
-    drafting length may not slow down; current: the length drafted last step; switch_gain:
-    None (no hold), or how much more throughput another drafting length must promise to
-    replace ``current`` while drafting."""
+@dataclass(frozen=True)
+class BatchTokens:
+    """What the acceptance rates say about one batch, before any step time: the expected
+    tokens per step of the whole batch by draft length, and (with ``protect_quantile``) those
+    of the request at that quantile. The controller keeps it while the rates and the batch
+    stay the same, which is every step while nothing is drafted: then only step times, which
+    observed step costs change every step, need reading again (controller.py)."""
+    n: int
+    max_k: int
+    tokens: dict[int, float]
+    protected: dict[int, float] | None = None
+
+
+def batch_tokens(rates: np.ndarray, allowed: Sequence[int],
+                 protect_quantile: float | None = None) -> BatchTokens:
+    """rates: [n, K] acceptance per request and position; allowed: the lengths to score."""
     rates = np.clip(np.atleast_2d(np.asarray(rates, dtype=float)), 0.0, 1.0)
     n = rates.shape[0]
     max_k = rates.shape[1]
@@ -96,26 +100,39 @@ def choose_draft_length(rates: np.ndarray, cost: StepCost, allowed: Sequence[int
     # prefix, so each length's E_r(k) is what expected_tokens(rates, k) computes
     # (tests/test_adaptive_equivalence.py compares with the per-length code).
     reach = np.cumprod(rates[:, :lengths[-1]], axis=1) if lengths and lengths[-1] > 0 else None
-    scores: dict[int, float] = {}
-    # Lengths that would slow the protected request down: scored (for the log), never chosen.
-    barred: set[int] = set()
-    plain_seconds = cost.step_time(n, 0) if protect_quantile is not None and 0 in lengths else None
-    rank = int(protect_quantile * (n - 1)) if plain_seconds is not None else 0
+    protect = protect_quantile is not None and 0 in lengths
+    rank = int(protect_quantile * (n - 1)) if protect else 0
+    tokens: dict[int, float] = {}
+    protected: dict[int, float] | None = {} if protect else None
     for k in lengths:
         if k < 0 or k > max_k:
             raise ValueError(f"draft length {k} outside 0..{max_k}")
+        if k == 0:
+            tokens[k] = float(n)
+        else:  # (1 + reach.sum(axis=1)).sum(), by the ufunc that ndarray.sum calls: less wrapping
+            per_request = 1.0 + np.add.reduce(reach[:, :k], axis=1)
+            tokens[k] = np.add.reduce(per_request)
+            if protected is not None:
+                protected[k] = np.partition(per_request, rank)[rank]
+    return BatchTokens(n, max_k, tokens, protected)
+
+
+def decide(batch: BatchTokens, cost: StepCost, min_gain: float = MIN_GAIN,
+           drafting: bool = True, resume_gain: float = RESUME_GAIN,
+           current: int | None = None, switch_gain: float | None = None) -> Decision:
+    """The draft length for ``batch`` at ``cost``'s step times (the arguments as in
+    ``choose_draft_length``)."""
+    n = batch.n
+    scores: dict[int, float] = {}
+    # Lengths that would slow the protected request down: scored (for the log), never chosen.
+    barred: set[int] = set()
+    plain_seconds = cost.step_time(n, 0) if batch.protected is not None else None
+    for k, tokens in batch.tokens.items():
         seconds = cost.step_time(n, k)
         if seconds <= 0:
             raise ValueError(f"step time for n={n}, k={k} must be positive, got {seconds}")
-        if k == 0:
-            tokens = float(n)
-        else:  # (1 + reach.sum(axis=1)).sum(), by the ufunc that ndarray.sum calls: less wrapping
-            per_request = 1.0 + np.add.reduce(reach[:, :k], axis=1)
-            tokens = np.add.reduce(per_request)
-            if plain_seconds is not None:
-                protected = np.partition(per_request, rank)[rank]
-                if protected * plain_seconds < seconds:
-                    barred.add(k)
+        if k > 0 and plain_seconds is not None and batch.protected[k] * plain_seconds < seconds:
+            barred.add(k)
         scores[k] = float(tokens / seconds)
     best = min(scores)
     for k in sorted(scores):
@@ -129,3 +146,20 @@ def choose_draft_length(rates: np.ndarray, cost: StepCost, allowed: Sequence[int
     if held and scores[best] <= scores[current] * (1.0 + switch_gain):
         best = current
     return Decision(best, scores)
+
+
+def choose_draft_length(rates: np.ndarray, cost: StepCost, allowed: Sequence[int],
+                        min_gain: float = MIN_GAIN, drafting: bool = True,
+                        resume_gain: float = RESUME_GAIN,
+                        protect_quantile: float | None = None, current: int | None = None,
+                        switch_gain: float | None = None) -> Decision:
+    """rates: [n, K] acceptance per request and position; allowed: the lengths to consider
+    (0 means a plain decode step); drafting: whether the controller's current regime drafts
+    (False: it has been taking plain steps, and drafting must gain ``resume_gain`` to start);
+    protect_quantile: None, or the quantile of requests (by expected tokens per step) that a
+    drafting length may not slow down; current: the length drafted last step; switch_gain:
+    None (no hold), or how much more throughput another drafting length must promise to
+    replace ``current`` while drafting."""
+    return decide(batch_tokens(rates, allowed, protect_quantile), cost, min_gain=min_gain,
+                  drafting=drafting, resume_gain=resume_gain, current=current,
+                  switch_gain=switch_gain)
