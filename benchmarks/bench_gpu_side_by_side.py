@@ -255,6 +255,46 @@ def _add_ratios_to_plain(rows: list[dict]) -> None:
                     r[f"{name}_{suffix}"] = value / base
 
 
+# Issue 11's real-prompt bar: the adaptive engine at least 0.97x the speed of the better of
+# plain decoding and K every step, i.e. at most 1/0.97 of the better one's ms/token.
+BAR_VS_BEST = 1 / 0.97
+
+
+def _add_ratios_to_best(rows: list[dict]) -> None:
+    """Each speculative row's ms/token over the better of our plain decoding and our K every
+    step (``ours_static``) at the same cell, for every backend of the row: ``<name>_vs_best``,
+    and ``<name>_decode_vs_best`` for the decode phase alone. Rows without both are left
+    alone."""
+    for metric, suffix in (("ms_per_token", "vs_best"), ("decode_ms_per_token", "decode_vs_best")):
+        plain = {(r.get("workload"), r["batch"]): r.get(f"ours_{metric}")
+                 for r in rows if r["method"] == "none"}
+        for r in rows:
+            base, static = plain.get((r.get("workload"), r["batch"])), r.get(f"ours_static_{metric}")
+            if r["method"] == "none" or not base or not static:
+                continue
+            best = min(base, static)
+            for name in _COLUMNS:
+                value = r.get(f"{name}_{metric}")
+                if value:
+                    r[f"{name}_{suffix}"] = value / best
+
+
+def _print_bar(rows: list[dict]) -> None:
+    """Issue 11's bar per cell: every backend against the better of plain and K every step
+    (ms/token, and in brackets the decode phase's); * marks a miss."""
+    for r in rows:
+        names = [n for n in _COLUMNS if r.get(f"{n}_vs_best") and n != "ours_static"]
+        if not names:
+            continue
+        cell = f"{r['workload']}:{r['batch']}" if "workload" in r else str(r["batch"])
+        parts = []
+        for n in names:
+            ratio, decode = r[f"{n}_vs_best"], r.get(f"{n}_decode_vs_best")
+            mark = "*" if ratio > BAR_VS_BEST else ""
+            parts.append(f"{n} {ratio:.3f}{mark}" + (f" ({decode:.3f})" if decode else ""))
+        print(f"bar <= {BAR_VS_BEST:.4f}  {r['method']} {cell}: " + ", ".join(parts))
+
+
 def _print_table(rows: list[dict]) -> None:
     def fmt(value, spec=".2f"):
         return "-" if value is None else format(value, spec)
@@ -408,8 +448,10 @@ def main() -> None:
         for cell in cells:
             report["rows"].append(_row(method, cell, results))
         _add_ratios_to_plain(report["rows"])
+        _add_ratios_to_best(report["rows"])
         (out / "side_by_side.json").write_text(json.dumps(report, indent=1))
     _print_table(report["rows"])
+    _print_bar(report["rows"])
     title = f"{args.model}, K={args.k}, {args.max_tokens} output tokens"
     _chart(report["rows"], out / "side_by_side.png", title)
     if len(args.batches) > 2:
