@@ -23,16 +23,28 @@ def _greedy(llm, prompts=PROMPTS, max_tokens=MAX_TOKENS):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
+def _draft_lengths(llm) -> dict[int, float]:
+    """This engine's ``vllm:spec_decode_draft_length`` by length, from ``LLM.get_metrics()``
+    (an offline engine has it through patch P15)."""
+    name = llm.llm_engine.model_config.served_model_name
+    return {int(m.labels["length"]): m.value for m in llm.get_metrics()
+            if m.name.startswith("vllm:spec_decode_draft_length")
+            and m.labels.get("model_name") == name}
+
+
 def _run(engines, target, spec, one_at_a_time=False):
     llm = engines.get(target, metrics=True, adaptive=True, enable_prefix_caching=False,
                       disable_log_stats=False, speculative_config=spec)
-    before = counters(llm)
+    before, lengths_before = counters(llm), _draft_lengths(llm)
     if one_at_a_time:
         got = [out for prompt in PROMPTS for out in _greedy(llm, [prompt])]
     else:
         got = _greedy(llm)
     after = counters(llm)
     delta = {name: counter_delta(before, after, name) for name in after}
+    lengths = _draft_lengths(llm)
+    delta["draft_lengths"] = {k: v - lengths_before.get(k, 0) for k, v in lengths.items()
+                              if v - lengths_before.get(k, 0)}
     return got, delta
 
 
@@ -50,6 +62,11 @@ def test_adaptive_greedy_output_equals_no_speculation(engines, smollm2_path, met
     # set is checked with the tie rule in test_spec_decode_greedy.py).
     assert got == baseline
     assert delta.get("vllm:spec_decode_num_drafts", 0) > 0, delta
+    # The chosen lengths reach LLM.get_metrics() (P15) and agree with vLLM's own counters:
+    # request-steps drafting 1..K are its drafts, and their lengths add up to its draft tokens.
+    lengths = delta["draft_lengths"]
+    assert sum(v for k, v in lengths.items() if k > 0) == delta["vllm:spec_decode_num_drafts"]
+    assert sum(k * v for k, v in lengths.items()) == delta["vllm:spec_decode_num_draft_tokens"]
 
 
 def _synthetic(length: float) -> dict:

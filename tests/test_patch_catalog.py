@@ -229,3 +229,22 @@ def test_p14_computed_token_correction_imported_by_name_and_compiled(monkeypatch
         "valid_sampled_token_count", "prev_num_draft_tokens", "cpu_num_computed_tokens"]
     assert list(inspect.signature(correct_computed_tokens).parameters) == _params(
         "v1/spec_decode/utils.py", name)
+
+
+def test_p15_offline_engines_ignore_stat_logger_plugins():
+    # Why P15 exists: AsyncLLM adds the plugins' loggers, LLMEngine hands its stat_loggers
+    # argument alone to the manager (when this fails, the patch can go).
+    assert "load_stat_logger_plugin_factories()" in _source("v1/engine/async_llm.py")
+    engine = _source("v1/engine/llm_engine.py")
+    assert "load_stat_logger_plugin_factories" not in engine
+    assert "custom_stat_loggers=stat_loggers," in engine
+    assert "stat_loggers" in _params("v1/engine/llm_engine.py", "__init__", cls="LLMEngine")
+
+    from specdec_plugin.adaptive.metrics import DraftLengthStatLogger
+    from specdec_plugin.patches.offline_stat_loggers import with_draft_length_logger
+
+    # Ours once, after a user's own.
+    assert with_draft_length_logger(None) == [DraftLengthStatLogger]
+    mine = object()
+    assert with_draft_length_logger([mine]) == [mine, DraftLengthStatLogger]
+    assert with_draft_length_logger([DraftLengthStatLogger]) == [DraftLengthStatLogger]

@@ -7,7 +7,7 @@ can go. tests/test_patch_catalog.py fails when one of those vLLM symbols changes
 P1-P3, P7, P9, P14 are applied in a worker process, before the model runner is built, by
 ``apply_worker_patches`` (idempotent); P4-P5 by the CPU device layer in its worker process;
 P10 by the model runner where it applies; P12 by P6 and at our platform module's import; P13 by
-our scheduler's constructor.
+our scheduler's constructor; P6, P8 and P15 from the ``vllm.general_plugins`` entry point.
 
 P1 kernel warm-up (``vllm.v1.worker.gpu_worker.kernel_warmup``)
    Why: vLLM's warm-up imports CUDA fusion modules that touch ``torch.ops._C.rotary_embedding``
@@ -180,6 +180,18 @@ P14 the computed-token correction of async speculative decoding
    v1/worker/gpu_model_runner.py:209 and called at :2143.
    When it can go: when vLLM marks those sizes unbacked (no 0/1 specialisation) or writes the
    correction as a kernel.
+
+P15 our draft-length counter in offline engines (``vllm.v1.engine.llm_engine.LLMEngine.__init__``,
+   patches/offline_stat_loggers.py)
+   Why: vLLM loads the ``vllm.stat_logger_plugins`` entry points (ours:
+   ``vllm:spec_decode_draft_length``, adaptive/metrics.py) only in ``AsyncLLM``; an ``LLM(...)``
+   engine never creates them, so offline users and our benchmarks could not read the lengths
+   the controller chose from ``LLM.get_metrics()``.
+   What: ``__init__`` wrapped to add our stat logger to its ``stat_loggers`` argument (a
+   user's own loggers stay). Installed with P6 from the ``vllm.general_plugins`` entry point.
+   Replaces: v1/engine/llm_engine.py:115-120 (``StatLoggerManager(custom_stat_loggers=
+   stat_loggers, ...)``), against v1/engine/async_llm.py:121 (which adds the plugins).
+   When it can go: when ``LLMEngine`` loads stat-logger plugins as ``AsyncLLM`` does.
 """
 from __future__ import annotations
 
@@ -212,12 +224,13 @@ def apply_worker_patches(kernel_providers: tuple[str, ...]) -> None:
 
 
 def apply_engine_patches() -> None:
-    """P6, P8: entry point of ``vllm.general_plugins`` (every vLLM process, first of all the
-    one that builds the engine config). A no-op when the plugin is disabled."""
+    """P6, P8, P15: entry point of ``vllm.general_plugins`` (every vLLM process, first of all
+    the one that builds the engine config). A no-op when the plugin is disabled."""
     if "engine" in _applied or envs.disabled():
         return
-    from specdec_plugin.patches import engine_args, suffix_config
+    from specdec_plugin.patches import engine_args, offline_stat_loggers, suffix_config
 
     engine_args.apply()
     suffix_config.apply()
+    offline_stat_loggers.apply()
     _applied.add("engine")
