@@ -233,6 +233,9 @@ def _row(method: str, cell: str, results: dict[str, dict]) -> dict:
         row[f"{name}_tokens_per_s"] = entry.get("tokens_per_s")
         row[f"{name}_acceptance_length"] = entry.get("acceptance_length")
         row[f"{name}_acceptance_per_position"] = entry.get("acceptance_per_position")
+        # Among the drafts that reached each position (tests/engine_runner.py); ours only.
+        row[f"{name}_acceptance_per_reached_position"] = entry.get(
+            "acceptance_per_reached_position")
     if row.get("native_ms_per_token") and row.get("ours_ms_per_token"):
         row["ratio_ms_per_token"] = row["ours_ms_per_token"] / row["native_ms_per_token"]
     if row.get("ours_static_ms_per_token") and row.get("ours_ms_per_token"):

@@ -52,13 +52,19 @@ _SPEC_COUNTERS = {
     "vllm:spec_decode_num_accepted_tokens": "accepted",
 }
 _PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# Our counter of request-steps by the draft length they verified (adaptive/metrics.py; in an
+# offline engine through patch P15); absent on vLLM's own backend, which drafts K every step.
+_DRAFT_LENGTH = "vllm:spec_decode_draft_length"
 
 
 def _spec_counters(llm) -> dict:
-    out = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_position": []}
+    out = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_position": [], "lengths": {}}
     for metric in llm.get_metrics():
         if metric.name in _SPEC_COUNTERS:
             out[_SPEC_COUNTERS[metric.name]] += int(metric.value)
+        elif metric.name.startswith(_DRAFT_LENGTH) and "length" in metric.labels:
+            length = int(metric.labels["length"])
+            out["lengths"][length] = out["lengths"].get(length, 0) + int(metric.value)
         elif metric.name == _PER_POSITION:
             values = [int(v) for v in metric.values]
             merged = out["per_position"] + [0] * (len(values) - len(out["per_position"]))
@@ -69,8 +75,25 @@ def _spec_counters(llm) -> dict:
 def _delta(after: dict, before: dict) -> dict:
     per_pos = [a - (before["per_position"][i] if i < len(before["per_position"]) else 0)
                for i, a in enumerate(after["per_position"])]
+    lengths = {k: v - before["lengths"].get(k, 0) for k, v in after["lengths"].items()}
     return {key: after[key] - before[key] for key in ("drafts", "draft_tokens", "accepted")} | {
-        "per_position": per_pos}
+        "per_position": per_pos, "lengths": {k: v for k, v in sorted(lengths.items()) if v}}
+
+
+def reached_acceptance(per_position: list[int], lengths: dict[int, int]) -> list[float] | None:
+    """Acceptance at each draft position among the drafts that reached it: accepted tokens at
+    position i over the request-steps that drafted at least i tokens (``lengths``: request-steps
+    by draft length). With adaptive drafting the plain per-position rate also counts drafts too
+    short to reach a position, so it is not comparable with an engine that drafts K every step;
+    this is. None where the lengths are unknown (vLLM's own backend: then every draft reaches
+    every position, and the plain rate is this one)."""
+    if not lengths:
+        return None
+    out = []
+    for i, accepted in enumerate(per_position, start=1):
+        reached = sum(n for k, n in lengths.items() if k >= i)
+        out.append(accepted / reached if reached else None)
+    return out
 
 
 def requests_for(job: dict, batch: int) -> list:
@@ -130,6 +153,9 @@ def timed_entry(walls: list[float], decode: list, tokens: list[list[int]], batch
     if counters is not None and counters["drafts"]:
         entry["acceptance_length"] = 1.0 + counters["accepted"] / counters["drafts"]
         entry["acceptance_per_position"] = [a / counters["drafts"] for a in counters["per_position"]]
+        reached = reached_acceptance(counters["per_position"], counters.get("lengths"))
+        if reached is not None:
+            entry["acceptance_per_reached_position"] = reached
     return entry
 
 

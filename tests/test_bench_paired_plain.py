@@ -85,4 +85,12 @@ def test_time_pair_on_real_engines(paired, engines, smollm2_path, monkeypatch):
     assert cell["equal_outputs"] == batch  # fp32 greedy: speculation changes nothing
     spec = cell["speculative"]["spec"]
     assert spec["draft_tokens"] > 0 and 0 <= spec["accepted"] <= spec["draft_tokens"]
+    # Request-steps by draft length (our counter, offline through patch P15) agree with vLLM's
+    # drafts and draft tokens, and give each position's acceptance among drafts reaching it.
+    lengths = spec["lengths"]
+    assert sum(n for k, n in lengths.items() if k > 0) == spec["drafts"]
+    assert sum(k * n for k, n in lengths.items()) == spec["draft_tokens"]
+    reached = cell["speculative"]["acceptance_per_reached_position"]
+    assert reached[0] == pytest.approx(spec["per_position"][0] / spec["drafts"])
+    assert all(r is None or 0 <= r <= 1 for r in reached)
     assert "spec" not in cell["plain"]

@@ -67,3 +67,23 @@ def test_batch_one_over_several_prompts_sends_them_one_at_a_time():
     other = [f"other {rng.random()}" for _ in range(3)]
     assert cell_rounds({"prompts": prompts, "batch1_prompts": 2}, 1, {"prompts": other}) == [
         [other[0]], [other[1]]]
+
+
+def test_acceptance_among_drafts_that_reach_each_position():
+    from tests.engine_runner import reached_acceptance
+
+    rng = random.Random()
+    k = rng.randrange(2, 6)
+    lengths = {length: rng.randrange(0, 50) for length in range(k + 1)}
+    lengths[k] += 1  # at least one draft reaches every position
+    per_position = [rng.randrange(0, 1 + sum(n for L, n in lengths.items() if L >= i))
+                    for i in range(1, k + 1)]
+    got = reached_acceptance(per_position, lengths)
+    for i in range(1, k + 1):
+        reaching = sum(n for L, n in lengths.items() if L >= i)
+        assert got[i - 1] == per_position[i - 1] / reaching
+    # Drafts of K every step (all length K): the per-draft rate.
+    assert reached_acceptance([3, 1], {2: 10}) == [0.3, 0.1]
+    # Unknown lengths (vLLM's own backend): None; a position no draft reached: None.
+    assert reached_acceptance([3, 1], {}) is None
+    assert reached_acceptance([3, 0], {1: 10}) == [0.3, None]
