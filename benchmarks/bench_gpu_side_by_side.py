@@ -243,13 +243,18 @@ def _row(method: str, cell: str, results: dict[str, dict]) -> dict:
     return row
 
 
+def _our_plain(rows: list[dict], metric: str) -> dict:
+    """Our no-speculation ``metric`` by cell (workload, batch)."""
+    return {(r.get("workload"), r["batch"]): r.get(f"ours_{metric}")
+            for r in rows if r["method"] == "none"}
+
+
 def _add_ratios_to_plain(rows: list[dict]) -> None:
     """ms/token of each speculative row over our own no-speculation row at the same batch
     (issue 11's bar: speculation that never costs), and the same for the decode phase alone."""
     for metric, suffix in (("ms_per_token", "vs_our_plain"),
                            ("decode_ms_per_token", "decode_vs_our_plain")):
-        plain = {(r.get("workload"), r["batch"]): r.get(f"ours_{metric}")
-                 for r in rows if r["method"] == "none"}
+        plain = _our_plain(rows, metric)
         for r in rows:
             for name in _COLUMNS:
                 value = r.get(f"{name}_{metric}")
@@ -269,8 +274,7 @@ def _add_ratios_to_best(rows: list[dict]) -> None:
     and ``<name>_decode_vs_best`` for the decode phase alone. Rows without both are left
     alone."""
     for metric, suffix in (("ms_per_token", "vs_best"), ("decode_ms_per_token", "decode_vs_best")):
-        plain = {(r.get("workload"), r["batch"]): r.get(f"ours_{metric}")
-                 for r in rows if r["method"] == "none"}
+        plain = _our_plain(rows, metric)
         for r in rows:
             base, static = plain.get((r.get("workload"), r["batch"])), r.get(f"ours_static_{metric}")
             if r["method"] == "none" or not base or not static:
