@@ -49,3 +49,18 @@ def test_ratios_to_the_better_of_plain_and_static(bench, capsys):
     for line, r in zip(printed, [r for r in rows if r["method"] == "eagle3"]):
         missed = r["ours_vs_best"] > 1 / 0.97
         assert (f"ours {r['ours_vs_best']:.3f}*" in line) == missed
+
+
+def test_suffix_cache_of_finished_requests_is_off_unless_asked(bench):
+    """Session 42's run left --suffix-max-cached-requests out and timed suffix on answers its
+    cache already held from the warm-up: the padded setup now turns that cache off by default."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    bench.add_setup_arguments(parser)
+    default = parser.parse_args([]).suffix_max_cached_requests
+    assert bench.suffix_cache_setting(default) == {"suffix_decoding_max_cached_requests": 0}
+    n = random.randint(1, 10_000)
+    asked = parser.parse_args(["--suffix-max-cached-requests", str(n)]).suffix_max_cached_requests
+    assert bench.suffix_cache_setting(asked) == {"suffix_decoding_max_cached_requests": n}
+    assert bench.suffix_cache_setting(-1) == {}  # vLLM's own default
