@@ -179,6 +179,12 @@ BACKENDS = {
     # length's timing the CUDA default for EAGLE-3: "ours-lengths" against this, per method.
     "ours-interp": Backend("ours", "specdec_plugin, table interpolated between lengths",
                            {"SPECDEC_ADAPTIVE_TABLE_LENGTHS": "0"}, methods=_DRAFTING),
+    # Drafting costed at start-up as the padded drafter graph each length replays, not one
+    # dummy_run pass per token (SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST; session 42's prose batch-1
+    # miss): opt-in until measured here.
+    "ours-draftgraphs": Backend("ours", "specdec_plugin, drafting timed as its graphs",
+                                {"SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST": "1"},
+                                methods=frozenset({"draft_model", "eagle", "eagle3"})),
     # The draft model as before session 25: its drafter graphs recorded per exact batch shape
     # while serving, its pass run every step (no deferral without padded graphs).
     "ours-unpadded": Backend("ours", "specdec_plugin, draft model unpadded",
@@ -422,7 +428,8 @@ def main() -> None:
                              "SPECDEC_ADAPTIVE_RESUME_GAIN=0; ours-protect: "
                              "SPECDEC_ADAPTIVE_PROTECT=0.25; ours-hold: "
                              "SPECDEC_ADAPTIVE_SWITCH_GAIN=0.03; ours-lengths: "
-                             "SPECDEC_ADAPTIVE_TABLE_LENGTHS=1, ours-interp =0; ours-unpadded: "
+                             "SPECDEC_ADAPTIVE_TABLE_LENGTHS=1, ours-interp =0; ours-draftgraphs: "
+                             "SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST=1; ours-unpadded: "
                              "SPECDEC_DRAFTER_PADDING=0, draft model)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "

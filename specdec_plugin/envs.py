@@ -43,6 +43,14 @@
   batch 4 (session 36) and EAGLE-3 on chat at batch 8 (session 39) drafted where the table alone
   misjudged the cost. EAGLE, MTP and the draft model did no better with it on the CPU at
   batch 8 (session 39), so they keep the table alone there.
+- ``SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST=0|1|<methods>``: on graph devices, the start-up cost
+  table times each draft length's drafting as the padded drafter graph a step of that length
+  replays (spec_decode/drafter_graphs.py), instead of one drafter pass per token timed through
+  vLLM's ``dummy_run`` (adaptive/measure.py): ``1`` every method with a drafter model, ``0``
+  none, or a comma list. Unset: ``0``. Why: on the H200 (session 42, EAGLE-3, prose at batch 1)
+  the table read 0.34 ms per pass where a draft token left out saved about 0.18 ms of the
+  step, and the controller drafted 3.15 tokens a step where K every step was 3% faster.
+  Opt-in until measured on a GPU.
 - ``SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR=median|iqm``: how a draft length's observed/predicted
   step-time ratios become its correction: the median of the last 16 (default), or ``iqm``, the
   mean of their middle half (adaptive/observed_cost.py says why). Opt-in until measured on a
@@ -199,6 +207,12 @@ def _method_list(raw: str) -> frozenset[str] | None:
     if value in ("0", "false", "no", "off"):
         return frozenset()
     return frozenset(name.strip() for name in value.split(",") if name.strip())
+
+
+def adaptive_draft_graph_cost_methods() -> frozenset[str] | None:
+    """The methods whose start-up table times drafting as the padded drafter graphs; None:
+    every method. Unset: none."""
+    return _method_list(os.environ.get("SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST", "0"))
 
 
 def adaptive_observed_cost_methods() -> frozenset[str] | None:

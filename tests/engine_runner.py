@@ -251,6 +251,7 @@ def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None =
     # with the JSON from a device whose logs are lost with the machine (session 16).
     controller = [line[line.index("specdec_plugin: "):][:400] for line in output.splitlines()
                   if "specdec_plugin: step costs measured" in line
+                  or "specdec_plugin: drafter graphs timed" in line
                   or "specdec_plugin: adaptive drafting" in line][-_CONTROLLER_LINES:]
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):

@@ -361,7 +361,8 @@ def test_a_bad_controller_setting_fails_where_the_config_is_built(monkeypatch):
     # "often" is no number, and no method name for the two per-method switches.
     for name in ("SPECDEC_ADAPTIVE_RESUME_GAIN", "SPECDEC_ADAPTIVE_PROTECT",
                  "SPECDEC_ADAPTIVE_PROBE_BUDGET", "SPECDEC_ADAPTIVE_SWITCH_GAIN",
-                 "SPECDEC_ADAPTIVE_OBSERVED_COST", "SPECDEC_ADAPTIVE_TABLE_LENGTHS"):
+                 "SPECDEC_ADAPTIVE_OBSERVED_COST", "SPECDEC_ADAPTIVE_TABLE_LENGTHS",
+                 "SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST"):
         monkeypatch.setenv(name, "often")
         bad = config()
         with pytest.raises(ValueError, match=name):

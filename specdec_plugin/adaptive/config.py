@@ -61,6 +61,10 @@ def _check_table_length_methods() -> None:
     _check_method_list("SPECDEC_ADAPTIVE_TABLE_LENGTHS", envs.adaptive_table_length_methods())
 
 
+def _check_draft_graph_methods() -> None:
+    _check_method_list("SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST", envs.adaptive_draft_graph_cost_methods())
+
+
 def _check_observed_estimator() -> None:
     check_estimator(envs.adaptive_observed_estimator(), "SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR=")
 
@@ -84,6 +88,12 @@ def times_every_length(method: str) -> bool:
     return _named(envs.adaptive_table_length_methods(), method)
 
 
+def times_draft_graphs(method: str) -> bool:
+    """Whether the start-up cost table of ``method`` times drafting as the padded drafter
+    graphs a step replays, where the drafter has them (adaptive/measure.py)."""
+    return _named(envs.adaptive_draft_graph_cost_methods(), method)
+
+
 def adaptive_enabled(vllm_config) -> bool:
     """Decided once, in the process that built the config (``apply_adaptive``), and carried
     to the engine and worker processes by the config itself."""
@@ -103,6 +113,7 @@ def apply_adaptive(vllm_config) -> None:
     envs.adaptive_probe_budget()
     _check_observed_cost_methods()
     _check_table_length_methods()
+    _check_draft_graph_methods()
     _check_observed_estimator()
     envs.adaptive_protect()
     envs.adaptive_switch_gain()

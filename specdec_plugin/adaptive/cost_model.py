@@ -19,6 +19,13 @@ model), one pass
 over ``drafter_sync_every`` tokens per request replaces that many steps' passes, so a k = 0
 step pays ``drafter(n * d) / d``. The flush a drafting step pays after a run of k = 0 steps
 is left out: a cost of changing regime, not of either regime's steady state.
+
+On graph devices a drafting step replays one padded graph of vLLM's whole ``propose`` for its
+length (spec_decode/drafter_graphs.py), so where that graph was timed at start-up
+(``draft_graph_s``, SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST) it replaces the three drafting terms
+above: a pass timed on its own through ``dummy_run`` pays its launches and a synchronisation
+that the passes inside one graph do not, and the sum of k of them overstated what a longer
+draft adds (session 42, H200: 0.34 ms a pass where a draft token left out saved about 0.18).
 """
 from __future__ import annotations
 
@@ -52,6 +59,12 @@ class CostTable:
     # model's own 49152-token head made most of a draft token's cost on the CPU (issue 11).
     drafter_sample_s: tuple[float, ...] | None = None
     source: str = "measured"
+    # The whole drafting of a step of k drafts, as the padded drafter graph of that length
+    # replays it: draft_graph_s[k - 1][i] seconds at draft_graph_reqs[i] requests (the graphs'
+    # padded sizes). None: not timed (devices without graphs, proposers without a model, the
+    # switch off).
+    draft_graph_reqs: tuple[int, ...] | None = None
+    draft_graph_s: tuple[tuple[float, ...], ...] | None = None
 
     def __post_init__(self):
         if len(self.token_counts) < 1 or len(self.token_counts) != len(self.target_s):
@@ -63,6 +76,12 @@ class CostTable:
         if (self.drafter_sample_s is not None
                 and len(self.drafter_sample_s) != len(self.token_counts)):
             raise ValueError("CostTable needs one drafter sampling time per token count")
+        if self.draft_graph_s is not None:
+            reqs = self.draft_graph_reqs or ()
+            if not reqs or list(reqs) != sorted(set(reqs)):
+                raise ValueError("CostTable drafter-graph request counts must be increasing")
+            if any(len(row) != len(reqs) for row in self.draft_graph_s):
+                raise ValueError("CostTable needs one drafter-graph time per request count")
         # step_time's results: the controller asks for the same few (batch size, length) pairs
         # every engine step, and each answer costs several interpolations. Not a field: not
         # compared, hashed or written by to_json.
@@ -78,6 +97,15 @@ class CostTable:
             return float(np.interp(x, xs, ys))
         slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
         return float(ys[-1] + slope * (x - xs[-1]))
+
+    @classmethod
+    def _at_or_above(cls, xs, ys, x: float) -> float:
+        """``ys`` at the first of ``xs`` at or above ``x``: a padded graph serves every batch
+        up to its size at its size's cost. Past the last, along the last slope."""
+        for xi, yi in zip(xs, ys):
+            if xi >= x:
+                return float(yi)
+        return cls._interp(xs, ys, x)
 
     def target(self, tokens: int) -> float:
         return self._interp(self.token_counts, self.target_s, tokens)
@@ -108,6 +136,9 @@ class CostTable:
                 return self.target(n)
             d = max(self.drafter_sync_every, 1)
             return self.target(n) + self.drafter(n * d) / d
+        if self.draft_graph_s is not None and k <= len(self.draft_graph_s):
+            drafting = self._at_or_above(self.draft_graph_reqs, self.draft_graph_s[k - 1], n)
+            return self.target(n * (1 + k)) + drafting + SPEC_STEP_OVERHEAD * self.target(n)
         return (self.target(n * (1 + k)) + self.drafter(n * (1 + k)) + (k - 1) * self.drafter(n)
                 + k * self.drafter_sample(n) + SPEC_STEP_OVERHEAD * self.target(n))
 
@@ -119,9 +150,11 @@ class CostTable:
         raw = json.loads(text)
         raw["token_counts"] = tuple(raw["token_counts"])
         raw["target_s"] = tuple(raw["target_s"])
-        for key in ("drafter_s", "drafter_sample_s"):
+        for key in ("drafter_s", "drafter_sample_s", "draft_graph_reqs"):
             if raw.get(key) is not None:
                 raw[key] = tuple(raw[key])
+        if raw.get("draft_graph_s") is not None:
+            raw["draft_graph_s"] = tuple(tuple(row) for row in raw["draft_graph_s"])
         return cls(**raw)
 
 

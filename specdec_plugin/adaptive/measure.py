@@ -15,11 +15,16 @@ host work included.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 
 import numpy as np
 
-from specdec_plugin.adaptive.config import adaptive_enabled, times_every_length
+from specdec_plugin.adaptive.config import (
+    adaptive_enabled,
+    times_draft_graphs,
+    times_every_length,
+)
 from specdec_plugin.adaptive.cost_model import CostTable
 from specdec_plugin.adaptive.handoff import write_cost_table
 from specdec_plugin.log import init_logger
@@ -173,6 +178,23 @@ def measure_cost_table(run_target, run_drafter, counts: list[int], budget_s: flo
     return table
 
 
+def time_draft_graphs(table: CostTable, run, buckets: list[int], max_k: int, budget_s: float,
+                      sync) -> CostTable:
+    """``table`` with each draft length's padded drafter graph timed at each padded request
+    count (``run(padded, k)``, spec_decode/drafter_graphs.py), fastest of REPEATS in rounds
+    as the other parts, each length's times made non-decreasing in the request count."""
+    parts = [lambda n, k=k: run(n, k) for k in range(1, max_k + 1)]
+    started = time.perf_counter()
+    reqs, rows = _fastest_in_rounds(parts, buckets, budget_s, sync)
+    rows = [tuple(monotone(row)) for row in rows]
+    # One line per length: the engine runner keeps 400 characters of a line (tests/).
+    for k, row in enumerate(rows, 1):
+        logger.info("specdec_plugin: drafter graphs timed, %d drafts (requests:ms) %s", k,
+                    " ".join(f"{n}:{s * 1e3:.3f}" for n, s in zip(reqs, row)))
+    logger.info("specdec_plugin: drafter graphs timed in %.1f s", time.perf_counter() - started)
+    return dataclasses.replace(table, draft_graph_reqs=tuple(reqs), draft_graph_s=tuple(rows))
+
+
 def _logits_runner(head, width: int, dtype, device, max_rows: int):
     """``head`` (hidden states -> token ids) over t rows of zeros, or None where it fails once
     (a model without that head): the table then goes without it, as before."""
@@ -248,6 +270,11 @@ def measure_and_publish(runner, vllm_config, rank: int, budget_s: float, sync) -
     if time_heads and run_drafter is not None and hasattr(drafter, "_greedy_sample"):
         run_drafter_sample = _logits_runner(drafter._greedy_sample, drafter.hidden_size,
                                             drafter.dtype, drafter.device, counts[-1])
+    # What a drafting step replays on graph devices, where asked for (cost_model.py).
+    draft_graphs = None
+    if graphs and run_drafter is not None and times_draft_graphs(spec.method):
+        timer = getattr(drafter, "padded_draft_timer", None)
+        draft_graphs = timer() if timer is not None else None
     try:
         # Deferred drafter passes (spec_decode/deferred_sync.py): one per `depth` plain steps.
         deferred = getattr(drafter, "_deferred_sync", None)
@@ -258,5 +285,12 @@ def measure_and_publish(runner, vllm_config, rank: int, budget_s: float, sync) -
         logger.warning("specdec_plugin: step-cost measurement failed (%s: %s); adaptive "
                        "drafting uses a fallback cost model", type(exc).__name__, exc)
         return
+    if draft_graphs is not None:
+        try:
+            table = time_draft_graphs(table, *draft_graphs, spec.num_speculative_tokens,
+                                      budget_s, sync)
+        except Exception as exc:  # the pass-by-pass table still stands
+            logger.warning("specdec_plugin: drafter graphs not timed (%s: %s); drafting is "
+                           "costed pass by pass", type(exc).__name__, exc)
     if rank == 0:
         write_cost_table(vllm_config, table.to_json())

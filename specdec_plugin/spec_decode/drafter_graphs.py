@@ -443,6 +443,23 @@ class DrafterGraphs:
                     "batches padded to %s requests) in %.1f s", count,
                     self.draft_lengths_to_record(), inputs.buckets, time.perf_counter() - start)
 
+    def padded_draft_timer(self):
+        """For the start-up cost table (adaptive/measure.py): ``(run, buckets)``, where
+        ``run(padded, k)`` fills the padded inputs with fillers (nothing reaches the KV cache)
+        and replays the graph that a step drafting k tokens for up to ``padded`` requests
+        replays; None where drafting is not padded."""
+        inputs = self._padding()
+        if inputs is None:
+            return None
+
+        def run(padded: int, k: int) -> None:
+            entry = self._draft_graphs.get(("padded", k, padded))
+            if not entry:
+                raise LookupError(f"no padded drafter graph for {k} drafts at {padded} requests")
+            inputs.fill(None, padded)
+            entry.graph.replay()
+        return run, list(inputs.buckets)
+
     # ---- graphs ----
     def _recordable(self, call: _ProposeCall) -> bool:
         """Whether vLLM's ``propose`` may be recorded for this call (module doc)."""

@@ -102,6 +102,11 @@ def _jobs(smollm2: str) -> dict[str, dict]:
     adaptive_dm = job("ours", smollm2, "float32", _spec("draft_model"))
     adaptive_dm["env"] = {"SPECDEC_ADAPTIVE": "1"}
     jobs["ours/float32/draft_model-adaptive"] = adaptive_dm
+    # EAGLE-3 under adaptive drafting with its drafting costed as the padded graphs replay it
+    # (SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST, opt-in since session 42).
+    draft_graphs = job("ours", smollm2, "float32", _spec("eagle3"))
+    draft_graphs["env"] = {"SPECDEC_ADAPTIVE": "1", "SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST": "1"}
+    jobs["ours/float32/eagle3-draftgraphs"] = draft_graphs
     jobs["ours/float32/none-eager"] = job("ours", smollm2, "float32", enforce_eager=True)
     jobs["ours/float32/eagle-eager"] = job("ours", smollm2, "float32", _spec("eagle"),
                                            enforce_eager=True)
@@ -304,3 +309,21 @@ def test_draft_model_expansion_kernel_compiles_once(results):
         expand = [e for e in results[f"ours/{dtype}/draft_model"]["jit_events"]
                   if e["kernel"] == "_eagle_expand_kernel"]
         assert len(expand) <= 1, f"draft_model {dtype}: {expand}"
+
+
+def test_drafting_timed_as_its_graphs_at_start_and_lossless(results):
+    """SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST=1: the start-up table times each draft length's padded
+    drafter graph at every padded batch size (adaptive/measure.py), each length's times
+    non-decreasing with the batch, and the output stays plain decoding's."""
+    import re
+
+    name = "ours/float32/eagle3-draftgraphs"
+    lines = [line for line in results[name]["controller_log"]
+             if "drafter graphs timed, " in line]
+    k = _spec("eagle3")["num_speculative_tokens"]
+    assert [int(re.search(r", (\d+) drafts", line).group(1)) for line in lines] == list(
+        range(1, k + 1)), results[name]["controller_log"][:k + 2]
+    for line in lines:
+        times = [float(ms) for ms in re.findall(r" \d+:([\d.]+)", line)]
+        assert times and all(t > 0 for t in times) and times == sorted(times), line
+    _assert_equal_but_ties(results, "ours/float32/none", name)
