@@ -24,7 +24,10 @@
 # Several GPUs (kind nvidia-h200-x2, session 31): start one job per GPU, each job script
 # exporting its own CUDA_VISIBLE_DEVICES and VLLM_CACHE_ROOT (two engines compiling into one
 # cache at once is untested). Device time is held time, so two jobs side by side cost what one
-# costs. `wait` copies a job's files to $OUT; a later command in the same call that empties
+# costs. They share the host: in session 42 engine starts took 101-177 s instead of 45-135,
+# and suffix's host-bound cells spread up to 3x between runs while plain and EAGLE-3 cells
+# stayed within about 1% (cause not established); keep the comparisons of one bar in one job.
+# `wait` copies a job's files to $OUT; a later command in the same call that empties
 # $OUT (session 31's `rm -rf $OUT/A*`) throws them away: tar /root/jobs/NAME into $OUT instead.
 # The machine goes back about 30 s after a call ends, and a detached job dies with it: while a
 # job runs, make the next call (a `wait`) at once, and do any other work only after its files
