@@ -185,6 +185,15 @@ BACKENDS = {
     "ours-draftgraphs": Backend("ours", "specdec_plugin, drafting timed as its graphs",
                                 {"SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST": "1"},
                                 methods=frozenset({"draft_model", "eagle", "eagle3"})),
+    # No 3% margin between drafting lengths (SPECDEC_ADAPTIVE_LENGTH_GAIN=0, adaptive/policy.py;
+    # session 42: prose at batch 1 drafted 3 where 4 was about 2.6% better), alone and with
+    # drafting timed as its graphs: opt-in until measured here.
+    "ours-gain0": Backend("ours", "specdec_plugin, best drafting length",
+                          {"SPECDEC_ADAPTIVE_LENGTH_GAIN": "0"}, methods=_DRAFTING),
+    "ours-draftgraphs-gain0": Backend("ours", "specdec_plugin, graph-timed drafting, best length",
+                                      {"SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST": "1",
+                                       "SPECDEC_ADAPTIVE_LENGTH_GAIN": "0"},
+                                      methods=frozenset({"draft_model", "eagle", "eagle3"})),
     # The draft model as before session 25: its drafter graphs recorded per exact batch shape
     # while serving, its pass run every step (no deferral without padded graphs).
     "ours-unpadded": Backend("ours", "specdec_plugin, draft model unpadded",
@@ -429,7 +438,9 @@ def main() -> None:
                              "SPECDEC_ADAPTIVE_PROTECT=0.25; ours-hold: "
                              "SPECDEC_ADAPTIVE_SWITCH_GAIN=0.03; ours-lengths: "
                              "SPECDEC_ADAPTIVE_TABLE_LENGTHS=1, ours-interp =0; ours-draftgraphs: "
-                             "SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST=1; ours-unpadded: "
+                             "SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST=1; ours-gain0: "
+                             "SPECDEC_ADAPTIVE_LENGTH_GAIN=0; ours-draftgraphs-gain0: both; "
+                             "ours-unpadded: "
                              "SPECDEC_DRAFTER_PADDING=0, draft model)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "

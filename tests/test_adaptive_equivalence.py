@@ -109,9 +109,9 @@ def _ref_expected_tokens(rates, k):
 
 
 def ref_choose(rates, cost, allowed, min_gain=0.03, drafting=True, resume_gain=0.10,
-               protect_quantile=None, current=None, switch_gain=None):
-    # The controllers compared here leave protection and the length hold off.
-    assert protect_quantile is None and switch_gain is None
+               protect_quantile=None, current=None, switch_gain=None, length_gain=None):
+    # The controllers compared here leave protection, the length hold and the length margin off.
+    assert protect_quantile is None and switch_gain is None and length_gain is None
     rates = np.clip(np.atleast_2d(np.asarray(rates, dtype=float)), 0.0, 1.0)
     n = rates.shape[0]
     max_k = rates.shape[1]

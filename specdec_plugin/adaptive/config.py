@@ -117,5 +117,6 @@ def apply_adaptive(vllm_config) -> None:
     _check_observed_estimator()
     envs.adaptive_protect()
     envs.adaptive_switch_gain()
+    envs.adaptive_length_gain()
     scheduler = vllm_config.scheduler_config
     scheduler.scheduler_cls = _SCHEDULERS[bool(scheduler.async_scheduling)]

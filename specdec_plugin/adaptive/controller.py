@@ -42,7 +42,9 @@ costs while the controller is off.
 Regimes: once off, drafting must promise ``resume_gain`` over plain steps to start again
 (``policy.py``, hysteresis; ``SPECDEC_ADAPTIVE_RESUME_GAIN``); a new engine starts on. With
 ``switch_gain`` (``SPECDEC_ADAPTIVE_SWITCH_GAIN``, opt-in) a drafting length is kept until
-another promises that much more. With
+another promises that much more; with ``length_gain`` (``SPECDEC_ADAPTIVE_LENGTH_GAIN``,
+opt-in) a longer drafting length needs that margin over a shorter one instead of ``min_gain``.
+With
 ``protect_quantile`` (``SPECDEC_ADAPTIVE_PROTECT``, opt-in) no length is chosen that is expected
 to slow down the request at that quantile of acceptance.
 """
@@ -86,8 +88,9 @@ class DraftLengthController:
                  settings: AcceptanceSettings | None = None, learn_costs: bool = True,
                  resume_gain: float = RESUME_GAIN, protect_quantile: float | None = None,
                  cost_estimator: str = "median", probe_budget: float = PROBE_BUDGET,
-                 switch_gain: float | None = None):
+                 switch_gain: float | None = None, length_gain: float | None = None):
         self.max_k = max_k
+        self.length_gain = length_gain  # None: min_gain between drafting lengths too (policy.py)
         self.probe_budget = probe_budget
         self.switch_gain = switch_gain  # None: no hold between drafting lengths (policy.py)
         self.resume_gain = resume_gain
@@ -179,7 +182,8 @@ class DraftLengthController:
                                            self.allowed, drafting=drafting,
                                            resume_gain=self.resume_gain,
                                            protect_quantile=self.protect_quantile,
-                                           current=self.last_k, switch_gain=self.switch_gain)
+                                           current=self.last_k, switch_gain=self.switch_gain,
+                                           length_gain=self.length_gain)
         else:
             tokens_key = (version, tuple(req_ids))
             if tokens_key != self._tokens_key:
@@ -188,7 +192,7 @@ class DraftLengthController:
                                             self.protect_quantile)
             decision = decide(self._tokens, self.cost, drafting=drafting,
                               resume_gain=self.resume_gain, current=self.last_k,
-                              switch_gain=self.switch_gain)
+                              switch_gain=self.switch_gain, length_gain=self.length_gain)
             self._decision_key, self._decision = key, decision
         k = decision.k
         if k == 0:

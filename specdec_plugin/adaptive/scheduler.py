@@ -71,7 +71,8 @@ class AdaptiveSchedulerMixin:
             resume_gain=envs.adaptive_resume_gain(), protect_quantile=envs.adaptive_protect(),
             cost_estimator=envs.adaptive_observed_estimator(),
             probe_budget=envs.adaptive_probe_budget(),
-            switch_gain=envs.adaptive_switch_gain())
+            switch_gain=envs.adaptive_switch_gain(),
+            length_gain=envs.adaptive_length_gain())
         self.dynamic_sd_lookup = _AskController(self)
         self._step_timer = StepTimer(cost.step_time) if learn_costs else None
         # Deferred drafter KV sync with prefix caching (spec_decode/deferred_sync.py).
