@@ -3,16 +3,14 @@
 time is predicted from them, how they are timed, and when measure_and_publish times them."""
 from __future__ import annotations
 
-import json
 import random
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from specdec_plugin.adaptive import measure
-from specdec_plugin.adaptive.config import _SCHEDULERS
 from specdec_plugin.adaptive.cost_model import SPEC_STEP_OVERHEAD, CostTable
+from tests.adaptive_publish import publish
 
 
 def _random_table(max_k: int, buckets: list[int]) -> CostTable:
@@ -134,18 +132,8 @@ def _publish(monkeypatch, value: str | None, graphs: bool = True, method: str = 
     else:
         monkeypatch.setenv("SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST", value)
     monkeypatch.delenv("SPECDEC_ADAPTIVE_TABLE_LENGTHS", raising=False)
-    written = []
-    monkeypatch.setattr(measure, "write_cost_table", lambda config, text: written.append(text))
-    config = SimpleNamespace(
-        scheduler_config=SimpleNamespace(scheduler_cls=_SCHEDULERS[True]),
-        speculative_config=SimpleNamespace(num_speculative_tokens=3, method=method,
-                                           use_eagle=lambda: True,
-                                           uses_draft_model=lambda: False),
-        model_config=SimpleNamespace(get_hidden_size=lambda: 8, dtype=torch.float32))
     drafter = _Drafter([1, 2, 3, 4, 6, 8], fail)
-    measure.measure_and_publish(_Runner(graphs, drafter), config, rank=0, budget_s=60.0,
-                                sync=lambda: None)
-    return drafter, json.loads(written[0])
+    return drafter, publish(monkeypatch, _Runner(graphs, drafter), method, k=3, use_eagle=True)
 
 
 @pytest.mark.parametrize("value, method, timed", [
@@ -172,12 +160,3 @@ def test_a_failed_graph_timing_keeps_the_pass_by_pass_table(monkeypatch):
     assert table["draft_graph_s"] is None
     assert table["source"] == "measured" and table["drafter_s"] is not None
 
-
-def test_a_name_that_is_no_adaptive_method_is_refused_naming_the_variable(monkeypatch):
-    from specdec_plugin.adaptive.config import _check_draft_graph_methods
-
-    monkeypatch.setenv("SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST", "eagle3,eagle-3")
-    with pytest.raises(ValueError, match=r"SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST names \['eagle-3'\]"):
-        _check_draft_graph_methods()
-    monkeypatch.setenv("SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST", "eagle3, mtp")
-    _check_draft_graph_methods()

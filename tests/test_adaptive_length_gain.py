@@ -71,14 +71,3 @@ def test_the_controller_passes_its_margin_to_the_policy(length_gain, expected):
     controller = DraftLengthController(K, seconds, learn_costs=False, length_gain=length_gain)
     assert controller.choose(["a", "b"]) == expected
 
-
-def test_the_length_gain_setting(monkeypatch):
-    from specdec_plugin import envs
-
-    monkeypatch.delenv("SPECDEC_ADAPTIVE_LENGTH_GAIN", raising=False)
-    assert envs.adaptive_length_gain() is None
-    monkeypatch.setenv("SPECDEC_ADAPTIVE_LENGTH_GAIN", "0")
-    assert envs.adaptive_length_gain() == 0.0
-    monkeypatch.setenv("SPECDEC_ADAPTIVE_LENGTH_GAIN", "some")
-    with pytest.raises(ValueError, match="SPECDEC_ADAPTIVE_LENGTH_GAIN"):
-        envs.adaptive_length_gain()

@@ -96,13 +96,18 @@ def test_a_kept_decision_is_not_reused_for_another_current_length():
     assert controller.choose(["a", "b"]) == 3
 
 
-def test_the_switch_gain_setting(monkeypatch):
+@pytest.mark.parametrize("variable, read", [
+    ("SPECDEC_ADAPTIVE_SWITCH_GAIN", "adaptive_switch_gain"),
+    ("SPECDEC_ADAPTIVE_LENGTH_GAIN", "adaptive_length_gain")])
+def test_the_margin_settings_between_drafting_lengths(monkeypatch, variable, read):
+    """This hold and the margin of tests/test_adaptive_length_gain.py: unset None, a number
+    read, anything else refused naming the variable."""
     from specdec_plugin import envs
 
-    monkeypatch.delenv("SPECDEC_ADAPTIVE_SWITCH_GAIN", raising=False)
-    assert envs.adaptive_switch_gain() is None
-    monkeypatch.setenv("SPECDEC_ADAPTIVE_SWITCH_GAIN", "0.05")
-    assert envs.adaptive_switch_gain() == 0.05
-    monkeypatch.setenv("SPECDEC_ADAPTIVE_SWITCH_GAIN", "lots")
-    with pytest.raises(ValueError, match="SPECDEC_ADAPTIVE_SWITCH_GAIN"):
-        envs.adaptive_switch_gain()
+    monkeypatch.delenv(variable, raising=False)
+    assert getattr(envs, read)() is None
+    monkeypatch.setenv(variable, "0.05")
+    assert getattr(envs, read)() == 0.05
+    monkeypatch.setenv(variable, "lots")
+    with pytest.raises(ValueError, match=variable):
+        getattr(envs, read)()

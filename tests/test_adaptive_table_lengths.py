@@ -5,15 +5,13 @@ methods the switch's value covers."""
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from specdec_plugin.adaptive import measure
-from specdec_plugin.adaptive.config import _SCHEDULERS
+from tests.adaptive_publish import publish
 
 
 def test_length_points_are_every_power_of_two_batch_at_every_shorter_length():
@@ -54,17 +52,8 @@ def _publish(monkeypatch, graphs: bool, lengths: bool | str, method: str = "eagl
         monkeypatch.setenv("SPECDEC_ADAPTIVE_TABLE_LENGTHS", lengths)
     else:
         monkeypatch.delenv("SPECDEC_ADAPTIVE_TABLE_LENGTHS", raising=False)
-    written = []
-    monkeypatch.setattr(measure, "write_cost_table", lambda config, text: written.append(text))
-    config = SimpleNamespace(
-        scheduler_config=SimpleNamespace(scheduler_cls=_SCHEDULERS[True]),
-        speculative_config=SimpleNamespace(num_speculative_tokens=4, method=method,
-                                           use_eagle=lambda: False,
-                                           uses_draft_model=lambda: False),
-        model_config=SimpleNamespace(get_hidden_size=lambda: 8, dtype=torch.float32))
     runner = _Runner(graphs)
-    measure.measure_and_publish(runner, config, rank=0, budget_s=60.0, sync=lambda: None)
-    return runner, json.loads(written[0])["token_counts"]
+    return runner, publish(monkeypatch, runner, method, k=4)["token_counts"]
 
 
 BASE = [1, 2, 4, 5, 8, 10, 20, 40]  # token_counts(8, 5, 64)
@@ -103,14 +92,20 @@ def test_a_method_list_times_every_length_for_the_named_methods_only(monkeypatch
     assert counts == (sorted(BASE + list(EXTRA)) if timed else BASE)
 
 
-def test_a_name_that_is_no_adaptive_method_is_refused_naming_the_variable(monkeypatch):
-    from specdec_plugin.adaptive.config import _check_table_length_methods
+@pytest.mark.parametrize("variable, check", [
+    ("SPECDEC_ADAPTIVE_TABLE_LENGTHS", "_check_table_length_methods"),
+    ("SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST", "_check_draft_graph_methods")])
+def test_a_name_that_is_no_adaptive_method_is_refused_naming_the_variable(monkeypatch, variable,
+                                                                           check):
+    """Both start-up table switches that take a method list (this one and drafting timed as its
+    graphs, tests/test_adaptive_draft_graphs.py)."""
+    from specdec_plugin.adaptive import config
 
-    monkeypatch.setenv("SPECDEC_ADAPTIVE_TABLE_LENGTHS", "eagle3,eagle-3")
-    with pytest.raises(ValueError, match=r"SPECDEC_ADAPTIVE_TABLE_LENGTHS names \['eagle-3'\]"):
-        _check_table_length_methods()
-    monkeypatch.setenv("SPECDEC_ADAPTIVE_TABLE_LENGTHS", "eagle3, ngram")
-    _check_table_length_methods()
+    monkeypatch.setenv(variable, "eagle3,eagle-3")
+    with pytest.raises(ValueError, match=variable + r" names \['eagle-3'\]"):
+        getattr(config, check)()
+    monkeypatch.setenv(variable, "eagle3, mtp")
+    getattr(config, check)()
 
 
 def test_cuda_times_every_length_for_eagle3_and_the_cpu_leaves_it_unset():
