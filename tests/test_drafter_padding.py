@@ -146,6 +146,29 @@ def test_without_startup_a_bucket_is_recorded_once_while_serving(drafter):
     assert set(drafter._draft_graphs) == {("padded", K, 3), ("padded", K, 4)}
 
 
+def test_the_start_up_timer_replays_each_lengths_padded_graph(drafter, monkeypatch):
+    """The cost table's drafting timer (SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST, adaptive/measure.py)
+    replays the graph a step of k drafts at each padded size replays, outside inference mode
+    as the table is timed, on buffers made inside it as the runner records them."""
+    with torch.inference_mode():
+        drafter.prerecord_graphs()
+    run, buckets = drafter.padded_draft_timer()
+    assert buckets == request_buckets(8)
+    for padded in buckets:
+        for k in range(1, K + 1):
+            before = len(drafter.calls)
+            run(padded, k)
+            last = drafter.calls[-1]
+            assert len(drafter.calls) == before + 1
+            assert last["num_speculative_tokens"] == k
+            assert last["target_token_ids"].shape == (padded * (1 + K),)
+    with pytest.raises(LookupError):
+        run(5, 1)  # no bucket of 5
+    monkeypatch.setenv("SPECDEC_DRAFTER_PADDING", "0")
+    drafter._padded_inputs = None
+    assert drafter.padded_draft_timer() is None
+
+
 def test_steps_near_max_model_len_are_not_padded(drafter):
     kw = _call([4, 4], K, 3, max_seq=MAX_LEN - 2)
     kw["common_attn_metadata"].max_seq_len = MAX_LEN - K  # the fillers would pass the table

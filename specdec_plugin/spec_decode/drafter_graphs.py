@@ -456,8 +456,11 @@ class DrafterGraphs:
             entry = self._draft_graphs.get(("padded", k, padded))
             if not entry:
                 raise LookupError(f"no padded drafter graph for {k} drafts at {padded} requests")
-            inputs.fill(None, padded)
-            entry.graph.replay()
+            # The buffers were made under inference mode (prerecord_graphs), and the table is
+            # timed outside it: writing them there would raise.
+            with torch.inference_mode():
+                inputs.fill(None, padded)
+                entry.graph.replay()
         return run, list(inputs.buckets)
 
     # ---- graphs ----
