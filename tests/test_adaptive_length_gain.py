@@ -71,3 +71,24 @@ def test_the_controller_passes_its_margin_to_the_policy(length_gain, expected):
     controller = DraftLengthController(K, seconds, learn_costs=False, length_gain=length_gain)
     assert controller.choose(["a", "b"]) == expected
 
+
+
+def test_every_controller_setting_reaches_the_controller_the_scheduler_builds(monkeypatch):
+    """The scheduler builds its controller from ``controller_settings`` (adaptive/config.py):
+    each environment setting, this margin among them, arrives in the controller."""
+    from specdec_plugin.adaptive.config import controller_settings
+    from specdec_plugin.adaptive.cost_model import CostTable
+
+    values = {"SPECDEC_ADAPTIVE_RESUME_GAIN": 0.2, "SPECDEC_ADAPTIVE_PROTECT": 0.25,
+              "SPECDEC_ADAPTIVE_PROBE_BUDGET": 0.01, "SPECDEC_ADAPTIVE_SWITCH_GAIN": 0.04,
+              "SPECDEC_ADAPTIVE_LENGTH_GAIN": random.choice([0.0, 0.02])}
+    for name, value in values.items():
+        monkeypatch.setenv(name, str(value))
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "eagle3")
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR", "iqm")
+    table = CostTable((1, 64), (1e-3, 2e-3))
+    controller = DraftLengthController(K, table, **controller_settings("eagle3"))
+    assert (controller.resume_gain, controller.protect_quantile, controller.probe_budget,
+            controller.switch_gain, controller.length_gain) == tuple(values.values())
+    assert controller.observed_cost.settings.estimator == "iqm"
+    assert DraftLengthController(K, table, **controller_settings("ngram")).observed_cost is None

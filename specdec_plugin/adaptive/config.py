@@ -94,6 +94,17 @@ def times_draft_graphs(method: str) -> bool:
     return _named(envs.adaptive_draft_graph_cost_methods(), method)
 
 
+def controller_settings(method: str) -> dict:
+    """``DraftLengthController``'s keyword settings for an engine of ``method``, from the
+    environment, read where the scheduler builds the controller (``apply_adaptive`` read them
+    once before, so that a bad value failed before any model was loaded)."""
+    return dict(learn_costs=learns_step_costs(method), resume_gain=envs.adaptive_resume_gain(),
+                protect_quantile=envs.adaptive_protect(),
+                cost_estimator=envs.adaptive_observed_estimator(),
+                probe_budget=envs.adaptive_probe_budget(), switch_gain=envs.adaptive_switch_gain(),
+                length_gain=envs.adaptive_length_gain())
+
+
 def adaptive_enabled(vllm_config) -> bool:
     """Decided once, in the process that built the config (``apply_adaptive``), and carried
     to the engine and worker processes by the config itself."""

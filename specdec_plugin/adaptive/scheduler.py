@@ -21,8 +21,8 @@ import time
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from specdec_plugin import envs, step_log
-from specdec_plugin.adaptive.config import learns_step_costs
+from specdec_plugin import step_log
+from specdec_plugin.adaptive.config import controller_settings
 from specdec_plugin.adaptive.controller import DraftLengthController
 from specdec_plugin.adaptive.cost_model import CostTable, fallback_table
 from specdec_plugin.adaptive.handoff import read_cost_table
@@ -65,14 +65,9 @@ class AdaptiveSchedulerMixin:
         spec = self.vllm_config.speculative_config
         has_drafter_model = spec.use_eagle() or spec.uses_draft_model()
         cost = load_cost_table(self.vllm_config, has_drafter_model)
-        learn_costs = learns_step_costs(spec.method)
-        self.draft_controller = DraftLengthController(
-            self.num_spec_tokens, cost, learn_costs=learn_costs,
-            resume_gain=envs.adaptive_resume_gain(), protect_quantile=envs.adaptive_protect(),
-            cost_estimator=envs.adaptive_observed_estimator(),
-            probe_budget=envs.adaptive_probe_budget(),
-            switch_gain=envs.adaptive_switch_gain(),
-            length_gain=envs.adaptive_length_gain())
+        settings = controller_settings(spec.method)
+        learn_costs = settings["learn_costs"]
+        self.draft_controller = DraftLengthController(self.num_spec_tokens, cost, **settings)
         self.dynamic_sd_lookup = _AskController(self)
         self._step_timer = StepTimer(cost.step_time) if learn_costs else None
         # Deferred drafter KV sync with prefix caching (spec_decode/deferred_sync.py).
