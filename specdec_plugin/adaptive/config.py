@@ -118,16 +118,13 @@ def apply_adaptive(vllm_config) -> None:
         if vllm_config.speculative_config is not None and reason != "no speculative decoding":
             logger.info("specdec_plugin: adaptive drafting off (%s)", reason)
         return
-    # The controller's settings are read again in the engine process; read here, where the
-    # config is built, a bad value fails before any model is loaded.
-    envs.adaptive_resume_gain()
-    envs.adaptive_probe_budget()
+    # The controller's settings are read again in the engine process (controller_settings, by
+    # the scheduler); read here, where the config is built, a bad value fails before any model
+    # is loaded. The method lists and the estimator's name are checked by name.
+    controller_settings(vllm_config.speculative_config.method)
     _check_observed_cost_methods()
     _check_table_length_methods()
     _check_draft_graph_methods()
     _check_observed_estimator()
-    envs.adaptive_protect()
-    envs.adaptive_switch_gain()
-    envs.adaptive_length_gain()
     scheduler = vllm_config.scheduler_config
     scheduler.scheduler_cls = _SCHEDULERS[bool(scheduler.async_scheduling)]
