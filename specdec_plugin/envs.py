@@ -50,12 +50,13 @@
   none, or a comma list. Unset: ``0``. Why: on the H200 (session 42, EAGLE-3, prose at batch 1)
   the table read 0.34 ms per pass where a draft token left out saved about 0.18 ms of the
   step, and the controller drafted 3.15 tokens a step where K every step was 3% faster.
-  Opt-in until measured on a GPU.
+  Opt-in: on the H200 (session 43, EAGLE-3 at its best drafting length) it was no better than
+  the pass-by-pass table.
 - ``SPECDEC_ADAPTIVE_LENGTH_GAIN=<fraction>``: how much more throughput a longer drafting
-  length must promise than the best shorter one (adaptive/policy.py). Unset (default): the 3%
-  that drafting needs over a plain step. ``0``: the best drafting length. Opt-in until measured
-  on a GPU: on the H200 (session 42, EAGLE-3, prose at batch 1) the margin kept drafts at 3
-  where 4 was about 2.6% better.
+  length must promise than the best shorter one (adaptive/policy.py), for every method. Unset:
+  ``0`` for EAGLE-3 (the best drafting length; adaptive/config.py ``DEFAULT_LENGTH_GAIN`` says
+  why), and for the other methods the 3% that drafting needs over a plain step. ``0.03``
+  restores EAGLE-3's earlier rule.
 - ``SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR=median|iqm``: how a draft length's observed/predicted
   step-time ratios become its correction: the median of the last 16 (default), or ``iqm``, the
   mean of their middle half (adaptive/observed_cost.py says why). Opt-in until measured on a
@@ -285,7 +286,8 @@ def adaptive_length_gain() -> float | None:
                    os.environ.get("SPECDEC_ADAPTIVE_LENGTH_GAIN", ""), 0.0, 10.0,
                    "such as 0 (the best drafting length) or 0.01 (a longer draft must promise 1% "
                    "more tokens per second than a shorter one)",
-                   "unset it for the default, the 3% that drafting needs over plain steps")
+                   "unset it for the default (EAGLE-3: 0; other methods: the 3% that drafting "
+                   "needs over plain steps)")
 
 
 def adaptive_table_length_methods() -> frozenset[str] | None:

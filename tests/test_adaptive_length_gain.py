@@ -2,7 +2,8 @@
 SPECDEC_ADAPTIVE_LENGTH_GAIN): by default a longer drafting length must beat the best shorter
 one by min_gain (3%), as drafting must beat a plain step; with length_gain the margin between
 drafting lengths is its own, and 0 picks the best drafting length. Session 42's H200 run: 4
-drafts about 2.6% ahead of 3 at batch 1, and the engine drafted 3."""
+drafts about 2.6% ahead of 3 at batch 1, and the engine drafted 3. Since session 43 EAGLE-3's
+default is 0 (adaptive/config.py DEFAULT_LENGTH_GAIN), the other methods keep min_gain."""
 from __future__ import annotations
 
 import random
@@ -71,6 +72,28 @@ def test_the_controller_passes_its_margin_to_the_policy(length_gain, expected):
     controller = DraftLengthController(K, seconds, learn_costs=False, length_gain=length_gain)
     assert controller.choose(["a", "b"]) == expected
 
+
+
+def test_eagle3_picks_its_best_drafting_length_by_default_other_methods_keep_the_margin(
+        monkeypatch):
+    from specdec_plugin.adaptive.config import controller_settings
+
+    monkeypatch.delenv("SPECDEC_ADAPTIVE_LENGTH_GAIN", raising=False)
+    seconds = Seconds({0: 1.0, 1: 1.10, 2: 1.12, 3: 1.15, 4: 1.17})  # 4 is 1.7% ahead of 3
+    chosen = {method: DraftLengthController(
+        K, seconds, **{**controller_settings(method), "learn_costs": False}).choose(["a"])
+        for method in ("eagle3", "eagle", "draft_model", "mtp", "ngram", "ngram_gpu", "suffix")}
+    assert chosen == {"eagle3": 4, "eagle": 3, "draft_model": 3, "mtp": 3, "ngram": 3,
+                      "ngram_gpu": 3, "suffix": 3}
+
+
+@pytest.mark.parametrize("setting", ["0.03", "0", "0.05"])
+def test_the_users_margin_wins_over_every_methods_default(monkeypatch, setting):
+    from specdec_plugin.adaptive.config import controller_settings
+
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_LENGTH_GAIN", setting)
+    for method in ("eagle3", "eagle", "ngram", "suffix"):
+        assert controller_settings(method)["length_gain"] == float(setting)
 
 
 def test_every_controller_setting_reaches_the_controller_the_scheduler_builds(monkeypatch):

@@ -94,6 +94,24 @@ def times_draft_graphs(method: str) -> bool:
     return _named(envs.adaptive_draft_graph_cost_methods(), method)
 
 
+# The margin a longer drafting length needs over the best shorter one (policy.py,
+# ``length_gain``), by method where the default is not min_gain's 3%. EAGLE-3 picks its best
+# drafting length. Why: with the margin its drafts stayed at 3 tokens where 4 were about 2.6%
+# faster (H200, session 42, prose at batch 1: 1.033x of K every step). Without it, on the H200
+# (session 43, SmolLM2 padded to 7B, prose and code edits, batches 1-64, three runs) it was
+# within 1.014x of the better of plain decoding and K every step in all 8 cells, where the
+# margin read 1.025 and 1.045 on prose at batch 1 and 4; on a 2-core CPU (session 42, 4
+# rounds) no cell was slower. Other methods are not measured without it.
+DEFAULT_LENGTH_GAIN = {"eagle3": 0.0}
+
+
+def length_gain(method: str) -> float | None:
+    """The margin between drafting lengths for ``method``: the user's
+    ``SPECDEC_ADAPTIVE_LENGTH_GAIN`` where set, else the method's default (None: min_gain)."""
+    value = envs.adaptive_length_gain()
+    return DEFAULT_LENGTH_GAIN.get(method) if value is None else value
+
+
 def controller_settings(method: str) -> dict:
     """``DraftLengthController``'s keyword settings for an engine of ``method``, from the
     environment, read where the scheduler builds the controller (``apply_adaptive`` read them
@@ -102,7 +120,7 @@ def controller_settings(method: str) -> dict:
                 protect_quantile=envs.adaptive_protect(),
                 cost_estimator=envs.adaptive_observed_estimator(),
                 probe_budget=envs.adaptive_probe_budget(), switch_gain=envs.adaptive_switch_gain(),
-                length_gain=envs.adaptive_length_gain())
+                length_gain=length_gain(method))
 
 
 def adaptive_enabled(vllm_config) -> bool:
