@@ -181,15 +181,19 @@ BACKENDS = {
                            {"SPECDEC_ADAPTIVE_TABLE_LENGTHS": "0"}, methods=_DRAFTING),
     # Drafting costed at start-up as the padded drafter graph each length replays, not one
     # dummy_run pass per token (SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST; session 42's prose batch-1
-    # miss): opt-in until measured here.
+    # miss): opt-in; no better in session 43.
     "ours-draftgraphs": Backend("ours", "specdec_plugin, drafting timed as its graphs",
                                 {"SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST": "1"},
                                 methods=frozenset({"draft_model", "eagle", "eagle3"})),
     # No 3% margin between drafting lengths (SPECDEC_ADAPTIVE_LENGTH_GAIN=0, adaptive/policy.py;
     # session 42: prose at batch 1 drafted 3 where 4 was about 2.6% better), alone and with
-    # drafting timed as its graphs: opt-in until measured here.
+    # drafting timed as its graphs. EAGLE-3's default since session 43 (adaptive/config.py
+    # DEFAULT_LENGTH_GAIN), so for EAGLE-3 "ours-gain0" is "ours" and "ours-gain3" the earlier
+    # rule; for the other methods the other way round.
     "ours-gain0": Backend("ours", "specdec_plugin, best drafting length",
                           {"SPECDEC_ADAPTIVE_LENGTH_GAIN": "0"}, methods=_DRAFTING),
+    "ours-gain3": Backend("ours", "specdec_plugin, 3% margin between drafting lengths",
+                          {"SPECDEC_ADAPTIVE_LENGTH_GAIN": "0.03"}, methods=_DRAFTING),
     "ours-draftgraphs-gain0": Backend("ours", "specdec_plugin, graph-timed drafting, best length",
                                       {"SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST": "1",
                                        "SPECDEC_ADAPTIVE_LENGTH_GAIN": "0"},
@@ -439,7 +443,8 @@ def main() -> None:
                              "SPECDEC_ADAPTIVE_SWITCH_GAIN=0.03; ours-lengths: "
                              "SPECDEC_ADAPTIVE_TABLE_LENGTHS=1, ours-interp =0; ours-draftgraphs: "
                              "SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST=1; ours-gain0: "
-                             "SPECDEC_ADAPTIVE_LENGTH_GAIN=0; ours-draftgraphs-gain0: both; "
+                             "SPECDEC_ADAPTIVE_LENGTH_GAIN=0, ours-gain3 =0.03; "
+                             "ours-draftgraphs-gain0: both; "
                              "ours-unpadded: "
                              "SPECDEC_DRAFTER_PADDING=0, draft model)")
     parser.add_argument("--jit-verbose", action="store_true",
