@@ -100,8 +100,9 @@ def times_draft_graphs(method: str) -> bool:
 # faster (H200, session 42, prose at batch 1: 1.033x of K every step). Without it, on the H200
 # (session 43, SmolLM2 padded to 7B, prose and code edits, batches 1-64, three runs) it was
 # within 1.014x of the better of plain decoding and K every step in all 8 cells, where the
-# margin read 1.025 and 1.045 on prose at batch 1 and 4; on a 2-core CPU (session 42, 4
-# rounds) no cell was slower. Other methods are not measured without it.
+# margin read 1.025 and 1.045 on prose at batch 1 and 4. On 2-core CPUs (4 rounds each) no
+# cell was slower on an AVX-512 host (session 42) and none differed consistently on an AVX2
+# one (session 43). Other methods are not measured without it.
 DEFAULT_LENGTH_GAIN = {"eagle3": 0.0}
 
 
