@@ -73,7 +73,6 @@ def test_the_controller_passes_its_margin_to_the_policy(length_gain, expected):
     assert controller.choose(["a", "b"]) == expected
 
 
-
 def test_eagle3_picks_its_best_drafting_length_by_default_other_methods_keep_the_margin(
         monkeypatch):
     from specdec_plugin.adaptive.config import controller_settings

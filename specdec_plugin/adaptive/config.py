@@ -69,12 +69,15 @@ def _check_observed_estimator() -> None:
     check_estimator(envs.adaptive_observed_estimator(), "SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR=")
 
 
+def _users_name(method: str) -> str:
+    """The name per-method switches and defaults know ``method`` by: ``ngram_gpu`` (n-gram
+    matched on the device) goes by the user's name for it, ``ngram``."""
+    return "ngram" if method == "ngram_gpu" else method
+
+
 def _named(methods: frozenset[str] | None, method: str) -> bool:
-    """Whether a per-method switch's value covers ``method``. ``ngram_gpu`` (n-gram matched on
-    the device) goes by the user's name for it, ``ngram``."""
-    if methods is None:
-        return True
-    return ("ngram" if method == "ngram_gpu" else method) in methods
+    """Whether a per-method switch's value covers ``method``."""
+    return methods is None or _users_name(method) in methods
 
 
 def learns_step_costs(method: str) -> bool:
@@ -110,7 +113,7 @@ def length_gain(method: str) -> float | None:
     """The margin between drafting lengths for ``method``: the user's
     ``SPECDEC_ADAPTIVE_LENGTH_GAIN`` where set, else the method's default (None: min_gain)."""
     value = envs.adaptive_length_gain()
-    return DEFAULT_LENGTH_GAIN.get(method) if value is None else value
+    return DEFAULT_LENGTH_GAIN.get(_users_name(method)) if value is None else value
 
 
 def controller_settings(method: str) -> dict:
