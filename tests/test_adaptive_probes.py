@@ -135,3 +135,39 @@ def test_fresh_batches_whose_drafts_miss_are_probed_as_often_as_the_budget_says(
         per_run.append(drafted)
     for drafted in per_run[1:]:  # the first run also drafts at start, before turning off
         assert len(drafted) == 1 and drafted[0] < FIRST_PROBE_EVERY, per_run
+
+
+def _engine_like_run(controller, batch, steps, first_step=43, lag=1):
+    """One run of ``batch`` as an engine serves it: only ``first_step`` requests are in the
+    first step (the rest of the prefill comes in the next), and a step's verification results
+    reach the controller ``lag`` steps later (async scheduling: a step is scheduled before the
+    one before it is verified). Every draft rejected. The drafting steps: (index, batch size)."""
+    drafted, pending = [], []
+    for i in range(steps):
+        for due, reqs, k in [p for p in pending if p[0] == i]:
+            for req in reqs:
+                controller.observe(req, k, 0)
+        reqs = batch[:first_step] if i == 0 else batch
+        k = controller.choose(reqs)
+        if k:
+            drafted.append((i, len(reqs)))
+            pending.append((i + lag, reqs, k))
+    for req in batch:
+        controller.forget(req)
+    return drafted
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_a_batch_that_arrives_over_two_steps_is_probed_once_whole(lag):
+    # Batch 64 with every draft rejected, as the engine runs issue 11's headline benchmark
+    # (session 44, traced on the CPU): before, each run was probed three times, once on its
+    # first step's 43 requests, again 16 steps later for the other 21, and again because the
+    # step after that probe still saw its requests as new (their results not yet back).
+    controller = DraftLengthController(K, STEEP, learn_costs=False)
+    assert 2 * _expected_first(controller, 64) > 128  # one budgeted probe per run at most
+    runs = [_engine_like_run(controller, [f"run{r}-{i}" for i in range(64)], 128, lag=lag)
+            for r in range(6)]
+    for drafted in runs[1:]:  # the first run also drafts at start, before turning off
+        assert len(drafted) == 1, runs
+        step, size = drafted[0]
+        assert size == 64 and step <= FIRST_PROBE_EVERY, runs

@@ -21,7 +21,9 @@ rejected, session 32's step logs), 1.9 ms over a 5.1 ms plain step, so probing e
 cost about 2% of a run whose new requests kept the interval at its first value.
 The budget is for probing requests whose own drafts were seen to miss: the share of a
 probe spent on requests with no evidence yet (new ones) is not charged to it. A new request
-that is the whole batch is probed within ``FIRST_PROBE_EVERY`` steps; one new request among 64
+that is the whole batch is probed within ``FIRST_PROBE_EVERY`` steps of its arrival (counted
+from its arrival, so that a batch whose prefill spans two steps is probed once, whole: session
+44 traced three probes per run where one was meant); one new request among 64
 waits about as long as the budget says. Such a probe counts as the budgeted first one: the
 next comes after twice the budgeted interval (not twice ``FIRST_PROBE_EVERY``), so a batch of
 new requests whose drafts keep missing is probed as often as before, only sooner (at batch 64
@@ -106,7 +108,10 @@ class DraftLengthController:
         drafting = [k for k in self.allowed if k > 0]
         self.probe_length = min(drafting, key=lambda k: abs(k - PROBE_LENGTH)) if drafting else 0
         self.probe_every = FIRST_PROBE_EVERY
-        self._unseen_batch = None  # (batch size, new requests) the interval last answered
+        # The plain-step count by which requests with no evidence are to be probed (None: no
+        # such request waits), and the (batch size, new requests) it last answered.
+        self._probe_due: int | None = None
+        self._unseen_batch = None
         self._plain_steps = 0
         # How many steps chose each length: read by tests and the benchmark.
         self.choices: Counter[int] = Counter()
@@ -155,9 +160,15 @@ class DraftLengthController:
         if self.last_k == 0 and self.probe_every > FIRST_PROBE_EVERY:
             unseen = self.tracker.count_unseen(req_ids)
         batch = (len(req_ids), unseen) if unseen else None
-        if batch is not None and batch != self._unseen_batch:
-            self.probe_every = min(self.probe_every,
-                                   self._first_probe_every(len(req_ids), unseen))
+        if batch is None:
+            self._probe_due = None
+        elif batch != self._unseen_batch:
+            # Due within the first interval from now, not from the last probe: a batch that
+            # arrives over two steps (a chunked prefill) is then probed once, whole. The step
+            # after a probe still sees its requests as new (async scheduling verifies the probe
+            # after scheduling that step); their results clear what that step set due.
+            due = self._plain_steps + self._first_probe_every(len(req_ids), unseen)
+            self._probe_due = due if self._probe_due is None else min(self._probe_due, due)
         self._unseen_batch = batch  # forgotten on any step that does not ask
         drafting = self.last_k is None or self.last_k > 0
         # While nothing is drafted, nothing the policy reads changes from step to step: no
@@ -199,19 +210,23 @@ class DraftLengthController:
             if self.last_k != 0 and self._plain_steps == 0:  # the first plain step of a run
                 self.probe_every = self._first_probe_every(len(req_ids))
             self._plain_steps += 1
-            if self._plain_steps >= self.probe_every:
-                self._plain_steps = 0
+            due = self.probe_every if self._probe_due is None else min(self.probe_every,
+                                                                      self._probe_due)
+            if self._plain_steps >= due:
                 # Backed off from at least the budgeted interval: a probe brought forward for
                 # new requests counts as the budgeted first probe, so a batch of new requests
                 # whose drafts keep missing is probed no more often than before, only sooner.
-                self.probe_every = min(2 * max(self.probe_every,
-                                               self._first_probe_every(len(req_ids))),
+                done = due if due == self.probe_every else 0
+                self.probe_every = min(2 * max(done, self._first_probe_every(len(req_ids))),
                                        MAX_PROBE_EVERY)
+                self._plain_steps = 0
+                self._probe_due = self._unseen_batch = None
                 self.probes += 1
                 self.choices[self.probe_length] += 1
                 return self.probe_length  # a probe is not a change of regime
         else:
             self._plain_steps = 0
+            self._probe_due = None
         self.choices[k] += 1
         if self.last_k is None or (k == 0) != (self.last_k == 0):
             rates = self.tracker.engine_rates()
