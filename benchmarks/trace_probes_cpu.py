@@ -1,0 +1,89 @@
+"""How often the adaptive controller probes in a real engine, batch 64, every draft rejected.
+
+Why: issue 11's headline benchmark (bench_paired_plain.py, acceptance length 1.0) gives each
+engine 64 fresh requests per run of 128 tokens. A probe verifies one draft token per request,
+and at batch 64 on an H200 it costs about 2 ms over a 5.1 ms plain step, so the controller is
+meant to probe such a run once. In session 44 the H200 engines drafted 3.0-3.7 probe tokens
+per request per run; this script showed why on the CPU: the engine's first step holds only
+part of the batch (a chunked prefill), and a probe's results come back a step late.
+
+What: a tiny random Llama (gpu_models.py's "tiny-4l", ``load_format="dummy"``) with the
+method's synthetic drafter at acceptance 1.0, in-process, ``--runs`` runs of 64 requests; the
+controller's ``choose`` is wrapped to record each step's batch size and chosen length. Prints,
+per run, the steps that drafted (step index: batch size).
+
+    python benchmarks/trace_probes_cpu.py [--method eagle] [--runs 4]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the scheduler in this process
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo
+
+from gpu_models import (  # noqa: E402  (benchmarks/ is this script's folder)
+    FAMILIES,
+    repeated_random_prompt,
+    synthetic_spec_configs,
+    write_configs,
+)
+
+from specdec_plugin.adaptive.controller import DraftLengthController  # noqa: E402
+
+FAMILY = "tiny-4l"
+
+
+def record_choices(steps: list) -> None:
+    choose = DraftLengthController.choose
+
+    def recorded(self, req_ids):
+        k = choose(self, req_ids)
+        steps.append((len(req_ids), k))
+        return k
+
+    DraftLengthController.choose = recorded
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--method", default="eagle",
+                   choices=["eagle", "eagle3", "draft_model", "ngram", "suffix"])
+    p.add_argument("--runs", type=int, default=4)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=128)
+    args = p.parse_args()
+
+    steps: list[tuple[int, int]] = []
+    record_choices(steps)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    models = tempfile.TemporaryDirectory(prefix="trace_probes_")  # removed at exit
+    paths = write_configs(models.name, FAMILY)
+    spec = synthetic_spec_configs(paths, 1.0, 4)[args.method]
+    llm = LLM(model=paths["target"], dtype="float32", load_format="dummy",
+              skip_tokenizer_init=True, max_model_len=512, seed=0, enable_prefix_caching=False,
+              max_num_seqs=args.batch, kv_cache_memory_bytes=96 << 20,
+              speculative_config=spec)
+    vocab = FAMILIES[FAMILY]["target"]["vocab_size"]
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    total = 0
+    for run in range(args.runs):
+        prompts = [TokensPrompt(prompt_token_ids=repeated_random_prompt(vocab=vocab,
+                                                                        seed=run * 1000 + i))
+                   for i in range(args.batch)]
+        start = len(steps)
+        llm.generate(prompts, params, use_tqdm=False)
+        drafted = [f"{i}: {n}" for i, (n, k) in enumerate(steps[start:]) if k]
+        total += len(drafted)
+        print(f"run {run}: {len(steps) - start} steps, drafting steps (step: batch) "
+              f"{', '.join(drafted) or 'none'}", flush=True)
+    print(f"{args.method}: {total} drafting steps in {args.runs} runs of batch {args.batch}")
+
+
+if __name__ == "__main__":
+    main()
