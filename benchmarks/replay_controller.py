@@ -26,7 +26,8 @@ batch's wall time is the sum of its steps, so the slowest request sets it.
 Cells run in the GPU bench's order, each ``--warmups`` + ``--repeats`` times with one controller
 per policy (an engine), and the median of the timed runs is reported.
 
-    python benchmarks/replay_controller.py [--traces T.json] [--batches 1,4,16,64] [--out R.json]
+    python benchmarks/replay_controller.py [--traces T.json] [--batches 1,4,16,64] [--out R.json] \
+        [--cell-prompts 16] [--base REV] [--cost-from RESULT_JSON ENGINE]
 """
 from __future__ import annotations
 
@@ -34,12 +35,14 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 
 import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)  # bench_controller_host (--base), real_workloads
 
 K = 4
 MIN_N, MAX_N = 1, 4
@@ -86,20 +89,51 @@ def generate_traces(max_tokens: int) -> dict:
     return traces
 
 
-def _policies(table):
-    """Name -> None (plain), "static" (K every step) or a factory of a fresh controller."""
+def _policies(table, base: str | None = None):
+    """Name -> None (plain), "static" (K every step) or a factory of a fresh controller.
+    ``base``: also the default controller as it is at that git revision (its modules loaded
+    by bench_controller_host.load_old), to replay a change against what it replaces."""
     from specdec_plugin.adaptive.controller import DraftLengthController
 
     def adaptive(**settings):
         return lambda: DraftLengthController(K, table, learn_costs=False, **settings)
 
-    return {
+    policies = {
         "plain": None,
         "static": "static",
         "adaptive (default)": adaptive(),
         "adaptive, resume gain 0": adaptive(resume_gain=0.0),
         "adaptive, protect 0.25": adaptive(protect_quantile=0.25),
     }
+    if base:
+        from bench_controller_host import load_old
+
+        old = load_old(base)
+        old_table = old["cost_model"].CostTable(table.token_counts, table.target_s)
+        policies[f"adaptive at {base}"] = lambda: old["controller"].DraftLengthController(
+            K, old_table, learn_costs=False)
+    return policies
+
+
+def replay_cell(traces: list[dict], batch: int, policy, table, max_tokens: int,
+                cell_prompts: int) -> dict:
+    """One timed run of a cell as ``bench_gpu_side_by_side.py --cell-prompts`` runs it: the
+    first ``cell_prompts`` prompts in rounds of ``batch`` requests (one closed batch each);
+    0 or a batch at least that large: one closed batch of ``batch``."""
+    if not cell_prompts or batch >= cell_prompts:
+        return replay(traces, batch, policy, table, max_tokens)
+    prompts = traces[:cell_prompts]
+    rounds = [replay(prompts[i:i + batch], len(prompts[i:i + batch]), policy, table, max_tokens)
+              for i in range(0, len(prompts), batch)]
+    total = {key: sum(r[key] for r in rounds) for key in ("steps", "drafts", "drafted",
+                                                          "accepted")}
+    by_length = Counter()
+    for r in rounds:
+        by_length.update(r["steps_by_length"])
+    return {"ms_per_token": sum(r["ms_per_token"] for r in rounds) / len(rounds), **total,
+            "acceptance_length": (1.0 + total["accepted"] / total["drafts"]
+                                  if total["drafts"] else None),
+            "steps_by_length": dict(sorted(by_length.items()))}
 
 
 def replay(traces: list[dict], batch: int, policy, table, max_tokens: int) -> dict:
@@ -168,6 +202,10 @@ def main():
     p.add_argument("--warmups", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", help="write the results as JSON")
+    p.add_argument("--base", help="also replay the default controller at this git revision")
+    p.add_argument("--cell-prompts", type=int, default=0,
+                   help="time each batch below this many prompts over them, in rounds, as "
+                        "the GPU bench's --cell-prompts (default 0: one closed batch)")
     p.add_argument("--cost-from", nargs=2, metavar=("RESULT_JSON", "ENGINE"),
                    help="use the table an engine measured at start instead of the model, e.g. "
                         "side_by_side.json ngram/ours (needs its controller_log)")
@@ -193,12 +231,13 @@ def main():
     workloads = args.workloads.split(",") if args.workloads else list(traces)
     cells = [(w, int(b)) for w in workloads for b in args.batches.split(",")]
     by_cell = {}
-    for name, policy in _policies(table).items():
+    for name, policy in _policies(table, args.base).items():
         # One engine per policy, as the GPU bench runs one: the controller's state carries
         # over from cell to cell and from the warm-up to the timed runs.
         engine = policy() if callable(policy) else policy
         for workload, batch in cells:
-            runs = [replay(traces[workload], batch, engine, table, args.max_tokens)
+            runs = [replay_cell(traces[workload], batch, engine, table, args.max_tokens,
+                                args.cell_prompts)
                     for _ in range(args.warmups + args.repeats)][args.warmups:]
             r = dict(runs[-1], ms_per_token=float(np.median([x["ms_per_token"] for x in runs])),
                      ms_per_token_runs=[x["ms_per_token"] for x in runs])

@@ -21,9 +21,10 @@ rejected, session 32's step logs), 1.9 ms over a 5.1 ms plain step, so probing e
 cost about 2% of a run whose new requests kept the interval at its first value.
 The budget is for probing requests whose own drafts were seen to miss: the share of a
 probe spent on requests with no evidence yet (new ones) is not charged to it. A new request
-that is the whole batch is probed within ``FIRST_PROBE_EVERY`` steps of its arrival (counted
-from its arrival, so that a batch whose prefill spans two steps is probed once, whole: session
-44 traced three probes per run where one was meant); one new request among 64
+that is the whole batch is probed within ``FIRST_PROBE_EVERY`` steps of the last probe, but
+not before ``ARRIVAL_GRACE`` steps after it arrives, so that a batch whose prefill spans two
+steps is probed once, whole (session 44 traced three probes per run where one was meant);
+one new request among 64
 waits about as long as the budget says. Such a probe counts as the budgeted first one: the
 next comes after twice the budgeted interval (not twice ``FIRST_PROBE_EVERY``), so a batch of
 new requests whose drafts keep missing is probed as often as before, only sooner (at batch 64
@@ -67,6 +68,10 @@ logger = init_logger(__name__)
 FIRST_PROBE_EVERY = 16
 MAX_PROBE_EVERY = 512
 PROBE_LENGTH = 1
+# Steps that new requests wait for the rest of their wave before a probe brought forward for
+# them: the benchmark's 64 requests reach their first decode over two steps (43, then 21;
+# session 44), and a probe at the first of them left the others for a second probe.
+ARRIVAL_GRACE = 2
 # The share of the plain steps' time that the first probe interval may spend on probing
 # (SPECDEC_ADAPTIVE_PROBE_BUDGET; 0: every first interval is FIRST_PROBE_EVERY steps).
 PROBE_BUDGET = 0.005
@@ -163,11 +168,12 @@ class DraftLengthController:
         if batch is None:
             self._probe_due = None
         elif batch != self._unseen_batch:
-            # Due within the first interval from now, not from the last probe: a batch that
-            # arrives over two steps (a chunked prefill) is then probed once, whole. The step
-            # after a probe still sees its requests as new (async scheduling verifies the probe
-            # after scheduling that step); their results clear what that step set due.
-            due = self._plain_steps + self._first_probe_every(len(req_ids), unseen)
+            # Due the first interval after the last probe, but not before ARRIVAL_GRACE more
+            # steps: a batch whose prefill spans two steps is then probed once, whole. The
+            # step after a probe still sees its requests as new (async scheduling verifies the
+            # probe after scheduling that step); their results clear what that step set due.
+            due = max(self._first_probe_every(len(req_ids), unseen),
+                      self._plain_steps + ARRIVAL_GRACE)
             self._probe_due = due if self._probe_due is None else min(self._probe_due, due)
         self._unseen_batch = batch  # forgotten on any step that does not ask
         drafting = self.last_k is None or self.last_k > 0
