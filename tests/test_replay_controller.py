@@ -67,3 +67,32 @@ def test_the_measured_table_is_read_from_a_bench_result(replay_module, tmp_path)
     assert table.target_s == pytest.approx((6.90e-3, 7.01e-3, 8.40e-3, 13.75e-3))
     with pytest.raises(ValueError, match="none/ours"):
         replay_module.measured_table(str(path), "none/ours")
+
+
+def test_a_cell_in_rounds_sums_its_rounds(replay_module):
+    # --cell-prompts: batch 2 over 5 prompts is three closed batches (2, 2, 1), as the GPU
+    # bench runs a cell; plain steps cost the table's time at each round's own batch size.
+    from specdec_plugin.adaptive.cost_model import CostTable
+
+    rng = random.Random()
+    max_tokens = 16
+    table = CostTable(*zip(*replay_module.H100_PADDED_7B))
+    traces = [_trace(rng, False, max_tokens) for _ in range(5)]
+    cell = replay_module.replay_cell(traces, 2, None, table, max_tokens, cell_prompts=5)
+    assert cell["steps"] == 3 * max_tokens and cell["drafts"] == 0
+    expected = 1e3 * (2 * table.step_time(2, 0) + table.step_time(1, 0)) / 3
+    assert cell["ms_per_token"] == pytest.approx(expected)
+    # A batch at least as large as the cell: one closed batch, as without --cell-prompts.
+    whole = replay_module.replay_cell(traces, 8, None, table, max_tokens, cell_prompts=5)
+    assert whole["steps"] == max_tokens
+
+
+def test_base_adds_the_controller_of_that_revision(replay_module):
+    from specdec_plugin.adaptive.cost_model import CostTable
+
+    table = CostTable(*zip(*replay_module.H100_PADDED_7B))
+    policies = replay_module._policies(table, base="HEAD")
+    controller = policies["adaptive at HEAD"]()
+    assert type(controller).__name__ == "DraftLengthController"
+    assert type(controller).__module__ == "specdec_plugin.adaptive.controller"
+    assert controller.choose(["r0"]) in range(replay_module.K + 1)
