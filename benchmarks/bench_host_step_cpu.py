@@ -42,6 +42,7 @@ from gpu_models import (  # noqa: E402  (benchmarks/ is this script's folder)
     FAMILIES,
     repeated_random_prompt,
     synthetic_spec_configs,
+    tiny_cpu_engine,
     write_configs,
 )
 
@@ -145,7 +146,7 @@ def main() -> None:
     if args.no_decision_cache:  # no decision is ever kept: the policy runs every step
         from specdec_plugin.adaptive.controller import DraftLengthController
         DraftLengthController._decision_key = property(lambda self: None, lambda self, v: None)
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     models = tempfile.TemporaryDirectory(prefix="host_step_")  # removed at exit
     paths = write_configs(models.name, FAMILY)
@@ -155,11 +156,7 @@ def main() -> None:
     engines, failed = {}, {}
     for m in methods:
         try:
-            engines[m] = LLM(model=paths["target"], dtype="float32", load_format="dummy",
-                             skip_tokenizer_init=True, max_model_len=512, seed=0,
-                             enable_prefix_caching=False, max_num_seqs=max(batches),
-                             kv_cache_memory_bytes=96 << 20,
-                             speculative_config=specs[m])
+            engines[m] = tiny_cpu_engine(paths["target"], specs[m], max(batches))
         except Exception as e:  # noqa: BLE001  (report what does not run on CPU)
             failed[m] = f"{type(e).__name__}: {e}"[:300]
             print(f"{m}: did not start: {failed[m]}", flush=True)

@@ -107,6 +107,18 @@ def write_configs(root: str | Path, family: str = "llama7b") -> dict[str, str]:
     return paths
 
 
+def tiny_cpu_engine(target: str, speculative_config: dict | None, max_num_seqs: int):
+    """An engine of the "tiny-4l" target with dummy weights on the CPU, whose steps are mostly
+    host work (bench_host_step_cpu.py, trace_probes_cpu.py). In this process where
+    VLLM_ENABLE_V1_MULTIPROCESSING=0, as both scripts set it."""
+    from vllm import LLM
+
+    return LLM(model=target, dtype="float32", load_format="dummy", skip_tokenizer_init=True,
+               max_model_len=512, seed=0, enable_prefix_caching=False,
+               max_num_seqs=max_num_seqs, kv_cache_memory_bytes=96 << 20,
+               speculative_config=speculative_config)
+
+
 def param_count(config: dict) -> int:
     h, m, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
     kv = config["num_key_value_heads"] * config["head_dim"]

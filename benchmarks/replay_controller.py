@@ -123,8 +123,8 @@ def replay_cell(traces: list[dict], batch: int, policy, table, max_tokens: int,
     if not cell_prompts or batch >= cell_prompts:
         return replay(traces, batch, policy, table, max_tokens)
     prompts = traces[:cell_prompts]
-    rounds = [replay(prompts[i:i + batch], len(prompts[i:i + batch]), policy, table, max_tokens)
-              for i in range(0, len(prompts), batch)]
+    chunks = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
+    rounds = [replay(chunk, len(chunk), policy, table, max_tokens) for chunk in chunks]
     total = {key: sum(r[key] for r in rounds) for key in ("steps", "drafts", "drafted",
                                                           "accepted")}
     by_length = Counter()

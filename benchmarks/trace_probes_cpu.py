@@ -8,7 +8,9 @@ per request per run; this script showed why on the CPU: the engine's first step 
 part of the batch (a chunked prefill), and a probe's results come back a step late.
 
 What: a tiny random Llama (gpu_models.py's "tiny-4l", ``load_format="dummy"``) with the
-method's synthetic drafter at acceptance 1.0, in-process, ``--runs`` runs of 64 requests; the
+method's synthetic drafter at acceptance 1.0, in-process, ``--runs`` runs of 64 requests whose
+prompts are shaped as the GPU benchmarks' (192 tokens, so a run's prefill spans two steps, as
+it did there; bench_host_step_cpu.py's are 64 tokens); the
 controller's ``choose`` is wrapped to record each step's batch size and chosen length. Prints,
 per run, the steps that drafted (step index: batch size).
 
@@ -29,6 +31,7 @@ from gpu_models import (  # noqa: E402  (benchmarks/ is this script's folder)
     FAMILIES,
     repeated_random_prompt,
     synthetic_spec_configs,
+    tiny_cpu_engine,
     write_configs,
 )
 
@@ -59,16 +62,13 @@ def main() -> None:
 
     steps: list[tuple[int, int]] = []
     record_choices(steps)
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     models = tempfile.TemporaryDirectory(prefix="trace_probes_")  # removed at exit
     paths = write_configs(models.name, FAMILY)
     spec = synthetic_spec_configs(paths, 1.0, 4)[args.method]
-    llm = LLM(model=paths["target"], dtype="float32", load_format="dummy",
-              skip_tokenizer_init=True, max_model_len=512, seed=0, enable_prefix_caching=False,
-              max_num_seqs=args.batch, kv_cache_memory_bytes=96 << 20,
-              speculative_config=spec)
+    llm = tiny_cpu_engine(paths["target"], spec, args.batch)
     vocab = FAMILIES[FAMILY]["target"]["vocab_size"]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     total = 0

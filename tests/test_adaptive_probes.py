@@ -144,7 +144,7 @@ def _engine_like_run(controller, batch, steps, first_step=43, lag=1):
     one before it is verified). Every draft rejected. The drafting steps: (index, batch size)."""
     drafted, pending = [], []
     for i in range(steps):
-        for due, reqs, k in [p for p in pending if p[0] == i]:
+        for _, reqs, k in [p for p in pending if p[0] == i]:
             for req in reqs:
                 controller.observe(req, k, 0)
         reqs = batch[:first_step] if i == 0 else batch
