@@ -16,7 +16,12 @@
 #                                                        # needs only the image's torch), so the
 #                                                        # ~3-minute C++ build overlaps staging
 #   bash scripts/device_session.sh build-wait            # wait for it (by pid: session 23 lost
-#                                                        # 6 minutes to a pgrep matching itself)
+#                                                        # 6 minutes to a pgrep matching itself);
+#                                                        # if it then cannot import
+#                                                        # specdec_plugin._C, run `setup` (about
+#                                                        # 60 s): in session 45 the background
+#                                                        # build lost a tracked header, most
+#                                                        # likely to a later call's tree copy
 #   bash scripts/device_session.sh kernels               # GPU kernel tests (tests/ops, -m gpu)
 #   bash scripts/device_session.sh start NAME CMD...     # run CMD detached, log in /root/jobs
 #   bash scripts/device_session.sh wait NAME SECONDS     # wait for NAME (at most SECONDS), copy
