@@ -33,11 +33,8 @@ def _draft_lengths(llm) -> dict[int, float]:
 
 
 def _run(engines, target, spec, one_at_a_time=False):
-    # In this process even where a test set SPECDEC_ADAPTIVE_PROBE_BUDGET: the scheduler reads
-    # the controller's settings when it is built (adaptive/config.py, controller_settings).
-    llm = engines.get(target, metrics=True, adaptive=True, in_process=True,
-                      enable_prefix_caching=False, disable_log_stats=False,
-                      speculative_config=spec)
+    llm = engines.get(target, metrics=True, adaptive=True, enable_prefix_caching=False,
+                      disable_log_stats=False, speculative_config=spec)
     before, lengths_before = counters(llm), _draft_lengths(llm)
     if one_at_a_time:
         got = [out for prompt in PROMPTS for out in _greedy(llm, [prompt])]
