@@ -15,7 +15,13 @@ class EnginePool:
     # on 2 cores (session 45), but several engine cores alive in one process did not keep
     # apart in a CI run: comparisons of test_deferred_sync_engine.py with the pool's plain
     # engine failed, and an engine of test_greedy_vs_transformers.py scheduled for 14 minutes
-    # without end. Cause not found; see session 45's closing note before trying again.
+    # without end. A cause of the failures, found after (whether of the hang too is not
+    # known): vLLM's parallel state (the torch.distributed groups) belongs to the process, so
+    # shutting one engine built here down takes it from every other
+    # (engine A alive, engine B built, used and shut down: A.generate then fails with "pipeline
+    # model parallel group is not initialized"). A rule that could work, untried: one engine
+    # built here at a time, others in processes of their own, and that one used only while no
+    # engine core was built or shut down here since. See session 45's closing note.
 
     def __init__(self) -> None:
         self._engines: dict[str, object] = {}
