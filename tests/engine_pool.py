@@ -17,11 +17,11 @@ class EnginePool:
     # engine failed, and an engine of test_greedy_vs_transformers.py scheduled for 14 minutes
     # without end. A cause of the failures, found after (whether of the hang too is not
     # known): vLLM's parallel state (the torch.distributed groups) belongs to the process, so
-    # shutting one engine built here down takes it from every other
-    # (engine A alive, engine B built, used and shut down: A.generate then fails with "pipeline
-    # model parallel group is not initialized"). A rule that could work, untried: one engine
-    # built here at a time, others in processes of their own, and that one used only while no
-    # engine core was built or shut down here since. See session 45's closing note.
+    # shutting one engine built here down takes it from every other (engine A alive, engine B
+    # built, used and shut down: A.generate then fails with "pipeline model parallel group is
+    # not initialized"). A rule that could work, untried: one engine built here at a time,
+    # others in processes of their own, and that one used only while no engine core was built
+    # or shut down here since. See session 45's closing note.
 
     def __init__(self) -> None:
         self._engines: dict[str, object] = {}

@@ -12,6 +12,14 @@ def replay_module():
     return load_benchmark("replay_controller")
 
 
+@pytest.fixture(scope="module")
+def table(replay_module):
+    """The replay's built-in cost table (the H100's padded 7B)."""
+    from specdec_plugin.adaptive.cost_model import CostTable
+
+    return CostTable(*zip(*replay_module.H100_PADDED_7B))
+
+
 def _trace(rng, repetitive: bool, max_tokens: int):
     prompt = [rng.randrange(100, 5000) for _ in range(40)]
     if repetitive:  # the answer copies the prompt: n-gram drafts land
@@ -22,12 +30,9 @@ def _trace(rng, repetitive: bool, max_tokens: int):
 
 
 @pytest.mark.parametrize("batch", [1, 8])
-def test_replay_counts_steps_tokens_and_drafts(replay_module, batch):
-    from specdec_plugin.adaptive.cost_model import CostTable
-
+def test_replay_counts_steps_tokens_and_drafts(replay_module, table, batch):
     rng = random.Random()
     max_tokens = 64
-    table = CostTable(*zip(*replay_module.H100_PADDED_7B))
     policies = replay_module._policies(table)
     copying = [_trace(rng, True, max_tokens) for _ in range(3)]
     fresh = [_trace(rng, False, max_tokens) for _ in range(3)]
@@ -69,14 +74,11 @@ def test_the_measured_table_is_read_from_a_bench_result(replay_module, tmp_path)
         replay_module.measured_table(str(path), "none/ours")
 
 
-def test_a_cell_in_rounds_sums_its_rounds(replay_module):
+def test_a_cell_in_rounds_sums_its_rounds(replay_module, table):
     # --cell-prompts: batch 2 over 5 prompts is three closed batches (2, 2, 1), as the GPU
     # bench runs a cell; plain steps cost the table's time at each round's own batch size.
-    from specdec_plugin.adaptive.cost_model import CostTable
-
     rng = random.Random()
     max_tokens = 16
-    table = CostTable(*zip(*replay_module.H100_PADDED_7B))
     traces = [_trace(rng, False, max_tokens) for _ in range(5)]
     cell = replay_module.replay_cell(traces, 2, None, table, max_tokens, cell_prompts=5)
     assert cell["steps"] == 3 * max_tokens and cell["drafts"] == 0
@@ -87,10 +89,7 @@ def test_a_cell_in_rounds_sums_its_rounds(replay_module):
     assert whole["steps"] == max_tokens
 
 
-def test_base_adds_the_controller_of_that_revision(replay_module):
-    from specdec_plugin.adaptive.cost_model import CostTable
-
-    table = CostTable(*zip(*replay_module.H100_PADDED_7B))
+def test_base_adds_the_controller_of_that_revision(replay_module, table):
     policies = replay_module._policies(table, base="HEAD")
     controller = policies["adaptive at HEAD"]()
     assert type(controller).__name__ == "DraftLengthController"
