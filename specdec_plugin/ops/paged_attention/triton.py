@@ -14,7 +14,15 @@ slices of its request's keys and writes an unnormalised partial (acc, running ma
 to a workspace; a second kernel merges the slices. Unlike vLLM's Triton backend this also
 applies to multi-token verification tiles, which is where spec decode at small batch sits.
 The slice bounds come from ``seq_lens`` on the device, so a launch fixed at graph capture is
-right for any later sequence lengths.
+right for any later sequence lengths. The host plans the split count for the longest context a
+launch can see (``plan_seq_len``: max_model_len in a captured graph), so most requests are far
+shorter than planned: each request's keys go into slices of at least ``split_min_keys``, only
+the slices that hold keys run (the others return at once and the merge reads none of them), and
+a request whose keys fit in one slice is written unsplit, its merge program returning at once.
+The merge runs one warp per (query row, head): its [splits, head] tile then reduces over the
+splits inside each thread. Session 46's profile (EAGLE-3 verifying at batch 16, 2 splits) had
+the merge, at four warps, take 10 us per layer against the attention's 12.5; one warp cut the
+pair from 17.2 to 11.6 us (H200, 150-key contexts; benchmarks/bench_attention_splits.py).
 
 Few compiled variants: a Triton kernel compiles once per set of constexpr values and per
 integer argument that equals 1 or is a multiple of 16, and a compile in the middle of serving
@@ -47,6 +55,9 @@ _LOG2E = 1.4426950408889634
 _MAX_BLOCK_M = 128
 _MAX_SPLITS = 16
 _MIN_KEYS_PER_SPLIT = 64
+# Fewest keys one slice of a request takes on the device (rounded up to whole tiles; a
+# host-bound caller's larger minimum wins). Requests shorter than the plan use fewer slices.
+_SPLIT_MIN_KEYS = 64
 # Host-bound callers (see ``paged_attention``): the merge launch costs more host time than an
 # unsplit kernel loses on the GPU until a program has several thousand keys to read.
 _MIN_KEYS_PER_SPLIT_HOST_BOUND = 1024
@@ -57,10 +68,36 @@ _VERIFY_BLOCK_Q = 8
 # 32-row tiles lose up to 15% with 4 and do best with 2.
 _PROGRAMS_PER_SM_SMALL_TILE = 4
 _PROGRAMS_PER_SM = 2
+# Warps of one merge program (one query row and head: a [MAX_SPLITS, HEAD_PAD] tile). With one,
+# each thread holds whole columns and sums the slices alone; with four (before session 46) the
+# slices sat across warps and summed through shared memory, 1.3-1.5x slower over the pair.
+_MERGE_NUM_WARPS = 1
+
+
+@triton.jit
+def _split_range(kv_end, split, num_splits, split_min_keys, block_n):
+    """Keys [kv_lo, kv_hi) of slice ``split`` of a request with ``kv_end`` keys, and how many
+    slices hold keys (``live``). Slices are whole ``block_n`` tiles, at least
+    ``split_min_keys`` (a multiple of ``block_n``) long, so a short request uses few slices,
+    maybe one. The merge kernel calls this too: both must agree on ``live``."""
+    n_tiles = (kv_end + block_n - 1) // block_n
+    keys_per_split = tl.maximum(split_min_keys,
+                                ((n_tiles + num_splits - 1) // num_splits) * block_n)
+    live = (kv_end + keys_per_split - 1) // keys_per_split
+    kv_lo = split * keys_per_split
+    kv_hi = tl.minimum(kv_end, kv_lo + keys_per_split)
+    return kv_lo, kv_hi, live
+
+
+@triton.jit
+def _store_rows(out_ptr, token, q_head, dims, stride_ot, stride_oh, acc, l_i, mask):
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + token[:, None] * stride_ot + q_head[:, None] * stride_oh + dims[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # Sizes that vary from step to step are not specialised (see "Few compiled variants").
-@triton.jit(do_not_specialize=["num_q_tiles", "max_query_len", "num_splits"])
+@triton.jit(do_not_specialize=["num_q_tiles", "max_query_len", "num_splits", "split_min_keys"])
 def _attention_tile_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, query_start_loc_ptr, seq_lens_ptr,
     out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
@@ -70,7 +107,7 @@ def _attention_tile_kernel(
     stride_vb, stride_vs, stride_vh,
     stride_bt,
     stride_ot, stride_oh,
-    num_q_tiles, max_query_len, num_splits,
+    num_q_tiles, max_query_len, num_splits, split_min_keys,
     NUM_Q_HEADS: tl.constexpr,
     CACHE_BLOCK: tl.constexpr,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
@@ -91,6 +128,17 @@ def _attention_tile_kernel(
     tile_q0 = tile * BLOCK_Q
     if tile_q0 >= q_len:  # also covers graph-padding requests (q_len == 0)
         return
+    # Query token j of the request sits at absolute position seq_len - q_len + j.
+    context_len = seq_len - q_len
+    kv_end = context_len + tl.minimum(q_len, tile_q0 + BLOCK_Q)
+    if SPLIT_KV:
+        kv_lo, kv_hi, live = _split_range(kv_end, split, num_splits, split_min_keys, BLOCK_N)
+        if split >= live:  # no keys in this slice: nothing to write, the merge skips it
+            return
+    else:
+        kv_lo = 0
+        kv_hi = kv_end
+        live = 1
 
     rows = tl.arange(0, BLOCK_M)
     q_tok = tile_q0 + rows // GROUP_PAD
@@ -105,18 +153,7 @@ def _attention_tile_kernel(
         q_ptr + token[:, None] * stride_qt + q_head[:, None] * stride_qh + dims[None, :],
         mask=row_valid[:, None] & dim_valid[None, :], other=0.0,
     )
-    # Query token j of the request sits at absolute position seq_len - q_len + j.
-    context_len = seq_len - q_len
     q_pos = context_len + q_tok
-    kv_end = context_len + tl.minimum(q_len, tile_q0 + BLOCK_Q)
-
-    if SPLIT_KV:
-        tiles_per_split = ((kv_end + BLOCK_N - 1) // BLOCK_N + num_splits - 1) // num_splits
-        kv_lo = split * tiles_per_split * BLOCK_N
-        kv_hi = tl.minimum(kv_end, kv_lo + tiles_per_split * BLOCK_N)
-    else:
-        kv_lo = 0
-        kv_hi = kv_end
 
     m_i = tl.full([BLOCK_M], _M_INIT, dtype=tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, dtype=tl.float32)
@@ -152,12 +189,8 @@ def _attention_tile_kernel(
         m_i = m_new
 
     q_head_valid = row_valid[:, None] & dim_valid[None, :]
-    if not SPLIT_KV:
-        out = acc / l_i[:, None]
-        tl.store(
-            out_ptr + token[:, None] * stride_ot + q_head[:, None] * stride_oh + dims[None, :],
-            out.to(out_ptr.dtype.element_ty), mask=q_head_valid,
-        )
+    if live == 1:  # the whole request in one slice (always so unsplit): no partials, no merge
+        _store_rows(out_ptr, token, q_head, dims, stride_ot, stride_oh, acc, l_i, q_head_valid)
     else:
         # Partials are indexed by (request, query index, q head, split), not by token, so the
         # workspace size depends only on the launch shape. A request longer than max_query_len
@@ -171,10 +204,11 @@ def _attention_tile_kernel(
         tl.store(part_sum_ptr + prow, l_i, mask=part_valid)
 
 
-@triton.jit(do_not_specialize=["max_query_len", "num_splits"])
+@triton.jit(do_not_specialize=["max_query_len", "num_splits", "split_min_keys", "block_q",
+                               "block_n"])
 def _merge_splits_kernel(
-    part_acc_ptr, part_max_ptr, part_sum_ptr, query_start_loc_ptr, out_ptr,
-    stride_ot, stride_oh, max_query_len, num_splits,
+    part_acc_ptr, part_max_ptr, part_sum_ptr, query_start_loc_ptr, seq_lens_ptr, out_ptr,
+    stride_ot, stride_oh, max_query_len, num_splits, split_min_keys, block_q, block_n,
     NUM_Q_HEADS: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
     MAX_SPLITS: tl.constexpr,
 ):
@@ -186,17 +220,24 @@ def _merge_splits_kernel(
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     if j >= q_len:
         return
+    # The slices the attention kernel wrote for query j's tile (``_split_range``, with the
+    # tile's kv_end); one slice means it wrote the output itself.
+    tile_q0 = (j // block_q) * block_q
+    kv_end = tl.load(seq_lens_ptr + seq) - q_len + tl.minimum(q_len, tile_q0 + block_q)
+    num_live = _split_range(kv_end, 0, num_splits, split_min_keys, block_n)[2]
+    if num_live <= 1:
+        return
 
     splits = tl.arange(0, MAX_SPLITS)
-    live = splits < num_splits
+    live = splits < num_live
     dims = tl.arange(0, HEAD_PAD)
     prow = ((seq * max_query_len + j) * NUM_Q_HEADS + q_head).to(tl.int64) * num_splits + splits
     m = tl.load(part_max_ptr + prow, mask=live, other=_M_INIT)
     l = tl.load(part_sum_ptr + prow, mask=live, other=0.0)
     acc = tl.load(part_acc_ptr + prow[:, None] * HEAD_PAD + dims[None, :], mask=live[:, None],
                   other=0.0)
-    # Empty splits (and the masked rows past num_splits) carry m = -1e30, l = 0, acc = 0, so
-    # their weight underflows to 0.
+    # Slices past num_live were never written this launch: masked, they read as m = -1e30,
+    # l = 0, acc = 0, whose weight underflows to 0.
     weight = tl.math.exp2(m - tl.max(m, axis=0))
     out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
     token = (q_start + j).to(tl.int64)
@@ -284,13 +325,15 @@ class _Plan(NamedTuple):
     head_pad: int
     num_q_tiles: int
     num_splits: int
+    split_min_keys: int
     num_warps: int
 
 
 @functools.lru_cache(maxsize=1024)
 def _launch_plan(num_seqs: int, max_query_len: int, num_q_heads: int, num_kv_heads: int,
                  head: int, dtype: torch.dtype, device_index: int | None, plan_len: int,
-                 min_keys_per_split: int, num_splits: int | None) -> _Plan:
+                 min_keys_per_split: int, num_splits: int | None,
+                 split_min_keys: int | None = None) -> _Plan:
     """Everything the host decides for one launch shape (cached: an eager step re-asks for the
     same few shapes in every layer, and this is host time on the critical path)."""
     group = num_q_heads // num_kv_heads
@@ -302,9 +345,12 @@ def _launch_plan(num_seqs: int, max_query_len: int, num_q_heads: int, num_kv_hea
         if device_index is not None and num_q_tiles == 1:
             num_splits = _choose_splits(num_seqs * num_kv_heads, block_m, plan_len,
                                         device_index, min_keys_per_split)
+    if split_min_keys is None:
+        split_min_keys = max(_SPLIT_MIN_KEYS, min_keys_per_split)
+    split_min_keys = triton.cdiv(split_min_keys, block_n) * block_n
     big_tile = block_m * head_pad >= 128 * 64
     return _Plan(group, group_pad, block_q, block_m, block_n, head_pad, num_q_tiles, num_splits,
-                 8 if big_tile else 4)
+                 split_min_keys, 8 if big_tile else 4)
 
 
 # Each split buffer starts on a multiple of this many float32s (16 bytes). Triton specialises a
@@ -376,9 +422,10 @@ def paged_attention(
 def paged_attention_splits(
     query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale, out,
     max_query_len: int, max_seq_len: int, num_splits: int | None, host_bound: bool = False,
-    plan_seq_len: int = 0,
+    plan_seq_len: int = 0, split_min_keys: int | None = None,
 ) -> torch.Tensor:
-    """``paged_attention`` with the KV split count forced (``None``: heuristic). For tests."""
+    """``paged_attention`` with the KV split count forced (``None``: heuristic), and the
+    fewest keys per slice (``None``: the default). For tests and benchmarks."""
     check_paged_attention(query, key_cache, value_cache, block_table, query_start_loc,
                           seq_lens, out, max_query_len, max_seq_len)
     num_seqs = seq_lens.shape[0]
@@ -395,7 +442,7 @@ def paged_attention_splits(
         plan_len = max(max_seq_len, plan_seq_len)
         min_keys = _MIN_KEYS_PER_SPLIT
     plan = _launch_plan(num_seqs, max_query_len, num_q_heads, num_kv_heads, head, query.dtype,
-                        device_index, plan_len, min_keys, num_splits)
+                        device_index, plan_len, min_keys, num_splits, split_min_keys)
     assert 1 <= plan.num_splits <= _MAX_SPLITS, f"num_splits must be 1..{_MAX_SPLITS}"
     num_splits = plan.num_splits
     part_acc = part_max = part_sum = out  # placeholders, unused when unsplit
@@ -416,7 +463,7 @@ def paged_attention_splits(
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_table.stride(0),
         out.stride(0), out.stride(1),
-        plan.num_q_tiles, max_query_len, num_splits,
+        plan.num_q_tiles, max_query_len, num_splits, plan.split_min_keys,
         NUM_Q_HEADS=num_q_heads, CACHE_BLOCK=key_cache.shape[1],
         GROUP=plan.group, GROUP_PAD=plan.group_pad,
         BLOCK_Q=plan.block_q, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
@@ -426,10 +473,11 @@ def paged_attention_splits(
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_seqs * max_query_len, num_q_heads)](
-            part_acc, part_max, part_sum, query_start_loc, out,
-            out.stride(0), out.stride(1), max_query_len, num_splits,
+            part_acc, part_max, part_sum, query_start_loc, seq_lens, out,
+            out.stride(0), out.stride(1), max_query_len, num_splits, plan.split_min_keys,
+            plan.block_q, plan.block_n,
             NUM_Q_HEADS=num_q_heads, HEAD=head, HEAD_PAD=plan.head_pad, MAX_SPLITS=_MAX_SPLITS,
-            num_warps=4,
+            num_warps=_MERGE_NUM_WARPS,
         )
     return out
 
