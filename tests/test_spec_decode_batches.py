@@ -44,13 +44,20 @@ def test_length_limit_mid_speculation(long_spec_llm):
         assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == 256
 
 
+PREEMPTION_TOKENS = 96
+
+
 def test_preemption_loses_nothing(long_spec_llm, baseline_llm):
-    prompts = SPEC_PROMPTS[:8]
+    prompts = SPEC_PROMPTS[:8]  # 119 prompt tokens
+    # 96 tokens each (150 until CI ran over 45 minutes): 8 * 96 + 119 tokens, and 10 draft
+    # slots per request, against a cache of about 600: the requests fill it about halfway
+    # through their answers and are preempted and recomputed with drafts in flight after that.
     before = counters(long_spec_llm)
-    got = _greedy_ids(long_spec_llm, prompts, 150)
+    got = _greedy_ids(long_spec_llm, prompts, PREEMPTION_TOKENS)
     preempted = counter_delta(before, counters(long_spec_llm), "vllm:num_preemptions")
+    print(f"{preempted} preemptions")
     assert preempted > 0, "the KV cache was big enough: this test did not preempt anything"
-    assert got == _greedy_ids(baseline_llm, prompts, 150)
+    assert got == _greedy_ids(baseline_llm, prompts, PREEMPTION_TOKENS)
 
 
 # The n-gram engine's tests last, mixed batch first: the metrics test then reads counters of
