@@ -60,7 +60,10 @@ class _Background:
 def _eval_args(base: Path) -> list[str]:
     return ["--drafters", str(base / "out1"), "--out", str(base / "eval.json"),
             "--methods", "eagle3,draft_model", "--per-category", "1", "--max-tokens", "8",
-            "--categories", "chat,code", "--work", str(base / "evalwork")]
+            "--categories", "chat,code", "--work", str(base / "evalwork"),
+            # Both methods' engines at once (eval_acceptance runs one at a time on a CPU by
+            # default): greedy drafts at fixed K do not depend on how busy the cores are.
+            "--parallel", "2"]
 
 
 @pytest.fixture(scope="module")
