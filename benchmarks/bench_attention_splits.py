@@ -23,7 +23,10 @@ import torch
 import triton.testing
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_attention_kernels import make_inputs  # noqa: E402  (same inputs as the kernel bench)
+from bench_attention_kernels import (  # noqa: E402  (same inputs and FlashAttention call)
+    flash_attention,
+    make_inputs,
+)
 
 from specdec_plugin.ops.paged_attention import triton as ours  # noqa: E402
 
@@ -55,20 +58,6 @@ def _baseline(module, x, plan_seq_len):
         module.paged_attention(x["q"], x["k_cache"], x["v_cache"], x["block_table"], x["cu_q"],
                                x["seq_lens"], x["scale"], out, x["q_len"], x["seq_len"],
                                plan_seq_len=plan_seq_len)
-    return run, out
-
-
-def _flash(x):
-    from vllm.vllm_flash_attn import flash_attn_varlen_func
-
-    out = torch.empty_like(x["q"])
-
-    def run():
-        flash_attn_varlen_func(
-            q=x["q"], k=x["k_cache"], v=x["v_cache"], max_seqlen_q=x["q_len"],
-            cu_seqlens_q=x["cu_q"], max_seqlen_k=x["seq_len"], seqused_k=x["seq_lens"],
-            softmax_scale=x["scale"], causal=True, block_table=x["block_table"], out=out,
-            fa_version=3 if torch.cuda.get_device_capability()[0] == 9 else 2)
     return run, out
 
 
@@ -126,7 +115,7 @@ def main():
                     row["baseline_us"] = _time(run)
                     diff = max(diff, (out.float() - reference).abs().max().item())
                 if flash:
-                    run, out = _flash(x)
+                    run, out = flash_attention(x)
                     row["flash_us"] = _time(run)
                     diff = max(diff, (out.float() - reference).abs().max().item())
                 for (n, (run, out)), (_, warps) in zip(runs.items(), variants):

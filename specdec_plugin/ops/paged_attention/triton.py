@@ -54,10 +54,9 @@ _M_INIT = tl.constexpr(-1.0e30)
 _LOG2E = 1.4426950408889634
 _MAX_BLOCK_M = 128
 _MAX_SPLITS = 16
+# Fewest keys per slice: the host plans splits with it, and on the device each request's slices
+# are at least this long (rounded up to whole tiles), so requests shorter than the plan use fewer.
 _MIN_KEYS_PER_SPLIT = 64
-# Fewest keys one slice of a request takes on the device (rounded up to whole tiles; a
-# host-bound caller's larger minimum wins). Requests shorter than the plan use fewer slices.
-_SPLIT_MIN_KEYS = 64
 # Host-bound callers (see ``paged_attention``): the merge launch costs more host time than an
 # unsplit kernel loses on the GPU until a program has several thousand keys to read.
 _MIN_KEYS_PER_SPLIT_HOST_BOUND = 1024
@@ -346,7 +345,7 @@ def _launch_plan(num_seqs: int, max_query_len: int, num_q_heads: int, num_kv_hea
             num_splits = _choose_splits(num_seqs * num_kv_heads, block_m, plan_len,
                                         device_index, min_keys_per_split)
     if split_min_keys is None:
-        split_min_keys = max(_SPLIT_MIN_KEYS, min_keys_per_split)
+        split_min_keys = min_keys_per_split
     split_min_keys = triton.cdiv(split_min_keys, block_n) * block_n
     big_tile = block_m * head_pad >= 128 * 64
     return _Plan(group, group_pad, block_q, block_m, block_n, head_pad, num_q_tiles, num_splits,
