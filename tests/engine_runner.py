@@ -212,6 +212,8 @@ _CONTROLLER_LINES = 300
 
 def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None = None) -> dict:
     """Run ``job`` in a fresh Python process (vLLM picks its platform once per process)."""
+    from specdec_plugin.engine_ports import engine_port_env
+
     env = dict(os.environ)
     if job["backend"] == "native":
         env["VLLM_PLUGINS"] = ""
@@ -221,6 +223,8 @@ def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None =
     # compiles again while serving stalls a step (vLLM's async computed-token correction did,
     # 0.3-1.0 s on the H100, session 27: patch P14).
     env.setdefault("TORCH_LOGS", "recompiles")
+    # Engines started at once must not be handed the same rendezvous port (engine_ports.py).
+    env.update(engine_port_env())
     env.update(job.get("env", {}))
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), json.dumps(job)], env=env,
                           capture_output=True, text=True, timeout=timeout_s)

@@ -31,6 +31,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from specdec_plugin.engine_ports import engine_port_env
+
 
 def free_loopback_port() -> int:
     # Port 0 lets the kernel pick an unused port; the tiny race until the server binds it is
@@ -102,7 +104,9 @@ class VllmServer:
             *extra_args,
         ]
         self.extra_env = dict(env or {})
-        self.env = {**os.environ, **self.extra_env}
+        # A start of its own for the engine core's rendezvous port (engine_ports.py), so that
+        # servers and engines started side by side are not handed the same one.
+        self.env = {**os.environ, **engine_port_env(), **self.extra_env}
         self.process: subprocess.Popen | None = None
         self._log_file = None
 

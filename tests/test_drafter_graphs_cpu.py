@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from specdec_plugin.engine_ports import engine_port_env
 from tests.prompts import SPEC_PROMPTS
 from tests.spec_configs import spec_config, target_for
 
@@ -39,9 +40,11 @@ def _runs(method: str, smollm2_path: str, *modes: str) -> list[dict]:
            # Four requests at once, then two (batch shapes differ: several graphs).
            "prompts": SPEC_PROMPTS[:4], "max_tokens": 32, "batches": [4, 2], "repeats": 1,
            "warmups": 0, "tokens": True}
+    # Engines started together need rendezvous ports of their own (engine_ports.py).
     procs = {mode: subprocess.Popen([sys.executable, "-m", "tests.drafter_graphs_host_replay",
                                      json.dumps(job), mode], cwd=_ROOT, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
+                                    stderr=subprocess.PIPE, text=True,
+                                    env={**os.environ, **engine_port_env()})
              for mode in modes if (method, mode) not in _RESULTS}
     try:
         for mode, proc in procs.items():

@@ -148,9 +148,13 @@ def run_one(job: dict) -> dict:
 
 
 def run_subprocess(job: dict, timeout_s: float) -> dict:
+    from specdec_plugin.engine_ports import engine_port_env
+
     cmd = [sys.executable, "-m", "training.eval_acceptance", "--out", "-", "--one", json.dumps(job)]
+    # Engines started at once must not be handed the same rendezvous port (engine_ports.py).
+    env = {**os.environ, **engine_port_env()}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
                               cwd=str(Path(__file__).resolve().parent.parent))
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f}s"}
