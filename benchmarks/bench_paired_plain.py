@@ -177,6 +177,10 @@ def main() -> None:
     parser.add_argument("--env", default="{}",
                         help="environment for the method engines only, as JSON (e.g. "
                              '{"SPECDEC_ADAPTIVE": "0"})')
+    parser.add_argument("--plain-env", default="{}",
+                        help="environment for the plain engine only, as JSON (e.g. a step log: "
+                             '{"SPECDEC_STEP_LOG": "/tmp/plain/{pid}.jsonl"}), to set its '
+                             "steps beside a method engine's")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     out = Path(args.out)
@@ -192,9 +196,10 @@ def main() -> None:
     report = {"model": args.model, "k": args.k, "batches": batches,
               "max_tokens": args.max_tokens, "repeats": args.repeats, "warmups": args.warmups,
               "acceptance_length_setting": args.acceptance_length, "bar": args.bar,
-              "method_env": json.loads(args.env),
+              "method_env": json.loads(args.env), "plain_env": json.loads(args.plain_env),
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "engine_start_s": {}, "rows": []}
-    plain, report["engine_start_s"]["none"] = start_engine(target, engine)
+    plain, report["engine_start_s"]["none"] = start_engine(target, engine,
+                                                           json.loads(args.plain_env))
     try:
         for method in args.methods.split(","):
             llm, report["engine_start_s"][method] = start_engine(
