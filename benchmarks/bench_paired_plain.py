@@ -179,7 +179,7 @@ def main() -> None:
                              '{"SPECDEC_ADAPTIVE": "0"})')
     parser.add_argument("--plain-env", default="{}",
                         help="environment for the plain engine only, as JSON (e.g. a step log: "
-                             '{"SPECDEC_STEP_LOG": "/tmp/plain/{pid}.jsonl"}), to set its '
+                             '{"SPECDEC_STEP_LOG": "/tmp/plain/{pid}.jsonl"}), to compare its '
                              "steps beside a method engine's")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
