@@ -50,7 +50,7 @@ def load_extension() -> ModuleType:
             _module = cpp_extension.load(
                 name="specdec_C_jit",
                 sources=sources,
-                extra_cflags=["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off"],  # as setup.py
+                extra_cflags=["-O3", "-g0", "-std=c++17", "-fopenmp", "-ffp-contract=off"],  # as setup.py
                 extra_ldflags=["-fopenmp"],
                 verbose=False,
             )
