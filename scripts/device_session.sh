@@ -6,9 +6,12 @@
 # they outlive the 10-minute limit of one device call; later calls wait on them and copy their
 # results to $OUT.
 # Every device call copies the working tree again, so `start` runs each job from its own copy.
-# `vllm serve` (and any structured-output request) there also needs two wheels the device kit
-# lacks (seen 2026-11-25): prometheus-fastapi-instrumentator and lm-format-enforcer (which needs interegular). Download
-# them into .whl/ (see the device tool's notes), carry .whl and install them into /root/site.
+# `vllm serve` (and any structured-output request) there also needs packages the device kit
+# lacks (seen 2026-11-25): prometheus-fastapi-instrumentator and lm-format-enforcer (which needs
+# interegular). Download them here, once, as the versions vLLM's PyPI install brings
+# (`python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl
+# prometheus-fastapi-instrumentator==8.1.0 lm-format-enforcer==0.11.3 interegular==0.3.3`; .whl/
+# is ignored), carry .whl in one call and run `serve-wheels` there.
 #
 #   bash scripts/device_session.sh setup                 # install the plugin (builds csrc/)
 #   bash scripts/device_session.sh build-start           # the same install, in the background:
@@ -23,6 +26,14 @@
 #                                                        # build lost a tracked header, most
 #                                                        # likely to a later call's tree copy
 #   bash scripts/device_session.sh kernels               # GPU kernel tests (tests/ops, -m gpu)
+#   bash scripts/device_session.sh serve-wheels          # install the carried .whl/ (the serving
+#                                                        # packages the kit lacks; see above)
+#   bash scripts/device_session.sh gpu-tests [PYTEST ARGS] # tests/gpu, -v -rA: each test's name
+#                                                        # and every failure's reason reach the log
+#                                                        # as they happen (session 48's `-q` log,
+#                                                        # cut off by the budget, showed 3 F's and
+#                                                        # no names); warns first where the
+#                                                        # serving packages are missing
 #   bash scripts/device_session.sh start NAME CMD...     # run CMD detached, log in /root/jobs
 #   bash scripts/device_session.sh wait NAME SECONDS     # wait for NAME (at most SECONDS), copy
 #                                                        # /root/jobs/NAME.* and NAME/ to $OUT
@@ -64,6 +75,17 @@ build-wait)
     ;;
 kernels)
     python3 -m pytest -q -m gpu tests/ops -p no:cacheprovider 2>&1 | tail -15
+    ;;
+serve-wheels)
+    ls .whl/*.whl > /dev/null || { echo "no .whl/ here: download the wheels and carry .whl" >&2; exit 1; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl 2>&1 \
+        | grep -v "already exists" | tail -3
+    python3 -c "import prometheus_fastapi_instrumentator, lmformatenforcer, interegular; print('serving packages installed')"
+    ;;
+gpu-tests)
+    python3 -c "import prometheus_fastapi_instrumentator, lmformatenforcer" 2>/dev/null \
+        || echo "WARNING: serving packages missing (carry .whl, run serve-wheels): the tests that start vllm serve will fail"
+    python3 -m pytest -v -rA -m gpu tests/gpu -p no:cacheprovider "$@" 2>&1
     ;;
 start)
     name=$1; shift
