@@ -69,6 +69,10 @@
   table, is at most this share of theirs (default 0.005; never sooner than 16 steps;
   adaptive/controller.py). ``0``: the first probe after 16 plain steps at every batch size,
   as before.
+- ``SPECDEC_ADAPTIVE_PROBE_COST=table|observed``: how the probe budget prices a probe: by the
+  cost table's step verifying one draft per request (``table``, default), or by what the probes
+  at that batch size were seen to cost in wall time, their drafting step and the drained step
+  after them included (``observed``; adaptive/probe_cost.py). Opt-in until measured on a GPU.
 - ``SPECDEC_ADAPTIVE_PROTECT=<quantile>``: the adaptive controller drafts only where the
   request at this quantile of expected acceptance (0.25: the least accepting quarter's best)
   is expected to be no slower than with a plain step (adaptive/policy.py). Unset (default):
@@ -265,6 +269,18 @@ def adaptive_probe_budget() -> float:
                     "a probe every 16 plain steps at first, whatever it costs)",
                     f"unset it for the default {PROBE_BUDGET}")
     return PROBE_BUDGET if value is None else value
+
+
+PROBE_COST_CHOICES = ("table", "observed")
+
+
+def adaptive_probe_cost() -> str:
+    value = os.environ.get("SPECDEC_ADAPTIVE_PROBE_COST", "").strip().lower() or "table"
+    if value not in PROBE_COST_CHOICES:
+        raise ValueError(f"SPECDEC_ADAPTIVE_PROBE_COST={value!r}: expected one of "
+                         f"{', '.join(PROBE_COST_CHOICES)} (observed: price probes by their "
+                         "measured wall time); unset it for the default, table")
+    return value
 
 
 def adaptive_protect() -> float | None:

@@ -108,9 +108,13 @@ def test_every_controller_setting_reaches_the_controller_the_scheduler_builds(mo
         monkeypatch.setenv(name, str(value))
     monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_COST", "eagle3")
     monkeypatch.setenv("SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR", "iqm")
+    monkeypatch.delenv("SPECDEC_ADAPTIVE_PROBE_COST", raising=False)
     table = CostTable((1, 64), (1e-3, 2e-3))
     controller = DraftLengthController(K, table, **controller_settings("eagle3"))
     assert (controller.resume_gain, controller.protect_quantile, controller.probe_budget,
             controller.switch_gain, controller.length_gain) == tuple(values.values())
     assert controller.observed_cost.settings.estimator == "iqm"
     assert DraftLengthController(K, table, **controller_settings("ngram")).observed_cost is None
+    assert controller.probe_cost is None  # the table prices probes unless asked
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_PROBE_COST", "Observed")
+    assert DraftLengthController(K, table, **controller_settings("ngram")).probe_cost is not None

@@ -362,7 +362,8 @@ def test_a_bad_controller_setting_fails_where_the_config_is_built(monkeypatch):
     for name in ("SPECDEC_ADAPTIVE_RESUME_GAIN", "SPECDEC_ADAPTIVE_PROTECT",
                  "SPECDEC_ADAPTIVE_PROBE_BUDGET", "SPECDEC_ADAPTIVE_SWITCH_GAIN",
                  "SPECDEC_ADAPTIVE_OBSERVED_COST", "SPECDEC_ADAPTIVE_TABLE_LENGTHS",
-                 "SPECDEC_ADAPTIVE_LENGTH_GAIN", "SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST"):
+                 "SPECDEC_ADAPTIVE_LENGTH_GAIN", "SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST",
+                 "SPECDEC_ADAPTIVE_PROBE_COST"):
         monkeypatch.setenv(name, "often")
         bad = config()
         with pytest.raises(ValueError, match=name):

@@ -124,7 +124,8 @@ def controller_settings(method: str) -> dict:
                 protect_quantile=envs.adaptive_protect(),
                 cost_estimator=envs.adaptive_observed_estimator(),
                 probe_budget=envs.adaptive_probe_budget(), switch_gain=envs.adaptive_switch_gain(),
-                length_gain=length_gain(method))
+                length_gain=length_gain(method),
+                measure_probes=envs.adaptive_probe_cost() == "observed")
 
 
 def adaptive_enabled(vllm_config) -> bool:

@@ -34,6 +34,11 @@ on a CPU the draft model's probe at batch 1 costs ~38% over a plain step (issue 
 requests: requests that arrived while drafting was off were served without a single probe,
 on the evidence of an earlier request.
 
+With ``measure_probes`` (``SPECDEC_ADAPTIVE_PROBE_COST=observed``, opt-in) the budget prices a
+probe by what the probes at this batch size were seen to cost, their drafting step and the
+drained step after them included (``probe_cost.py``), instead of by the cost table's
+verifying step.
+
 Costs: the start-up cost table, corrected by the step times the scheduler observes
 (``observe_step_time``, ``observed_cost.py``) where ``learn_costs`` is on
 (``SPECDEC_ADAPTIVE_OBSERVED_COST``: by default on CUDA GPUs for suffix and EAGLE-3, on CPUs
@@ -61,6 +66,7 @@ from specdec_plugin.adaptive.acceptance import AcceptanceSettings, AcceptanceTra
 from specdec_plugin.adaptive.cost_model import CostTable
 from specdec_plugin.adaptive.observed_cost import ObservedCost, ObservedCostSettings
 from specdec_plugin.adaptive.policy import RESUME_GAIN, batch_tokens, choose_draft_length, decide
+from specdec_plugin.adaptive.probe_cost import ProbeCost
 from specdec_plugin.log import init_logger
 
 logger = init_logger(__name__)
@@ -95,7 +101,8 @@ class DraftLengthController:
                  settings: AcceptanceSettings | None = None, learn_costs: bool = True,
                  resume_gain: float = RESUME_GAIN, protect_quantile: float | None = None,
                  cost_estimator: str = "median", probe_budget: float = PROBE_BUDGET,
-                 switch_gain: float | None = None, length_gain: float | None = None):
+                 switch_gain: float | None = None, length_gain: float | None = None,
+                 measure_probes: bool = False):
         self.max_k = max_k
         self.length_gain = length_gain  # None: min_gain between drafting lengths too (policy.py)
         self.probe_budget = probe_budget
@@ -113,6 +120,8 @@ class DraftLengthController:
         drafting = [k for k in self.allowed if k > 0]
         self.probe_length = min(drafting, key=lambda k: abs(k - PROBE_LENGTH)) if drafting else 0
         self.probe_every = FIRST_PROBE_EVERY
+        # What probes were seen to cost (None: the cost table prices them).
+        self.probe_cost = ProbeCost() if measure_probes else None
         # The plain-step count by which requests with no evidence are to be probed (None: no
         # such request waits), and the (batch size, new requests) it last answered.
         self._probe_due: int | None = None
@@ -149,11 +158,22 @@ class DraftLengthController:
                 length, now, before, self.observed_cost.observations[length], num_reqs,
                 seconds * 1e3)
 
+    def observe_interval(self, num_reqs: int, seconds: float, steady: bool, plain: bool,
+                         probe: bool) -> None:
+        """Any step's result interval, in schedule order (``probe_cost.py``): ``plain`` it
+        neither verified nor drafted, ``probe`` its drafts were a probe of ``choose``."""
+        if self.probe_cost is not None:
+            self.probe_cost.step(num_reqs, seconds, steady, plain, probe)
+
     def _first_probe_every(self, num_reqs: int, unseen: int = 0) -> int:
         if self.probe_length == 0 or num_reqs == 0:
             return FIRST_PROBE_EVERY
-        return first_probe_every(self.cost.step_time(num_reqs, self.probe_length),
-                                 self.cost.step_time(num_reqs, 0), self.probe_budget,
+        plain = self.cost.step_time(num_reqs, 0)
+        probe = self.cost.step_time(num_reqs, self.probe_length)
+        seen = self.probe_cost.extra_steps(num_reqs) if self.probe_cost is not None else None
+        if seen is not None:
+            probe = plain * (1.0 + seen)
+        return first_probe_every(probe, plain, self.probe_budget,
                                  known_share=1.0 - unseen / num_reqs)
 
     def choose(self, req_ids: Sequence[str]) -> int:

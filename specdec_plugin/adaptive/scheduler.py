@@ -9,7 +9,9 @@ tokens, which would be wrong when the step drafts fewer.
 
 The scheduler also times each step (``step_timing.py``: when it starts building a step, when
 the step's result arrives and when it has been handled) and feeds the pure decode steps' times
-to the controller, which corrects its cost table with them (``observed_cost.py``).
+to the controller, which corrects its cost table with them (``observed_cost.py``), and, where
+the controller measures its probes, every step's interval with whether the step was a probe
+(``probe_cost.py``).
 
 The class is chosen through vLLM's ``scheduler_cls`` setting (``config.py``), with vLLM's
 async scheduler as base where async scheduling is on.
@@ -69,7 +71,13 @@ class AdaptiveSchedulerMixin:
         learn_costs = settings["learn_costs"]
         self.draft_controller = DraftLengthController(self.num_spec_tokens, cost, **settings)
         self.dynamic_sd_lookup = _AskController(self)
-        self._step_timer = StepTimer(cost.step_time) if learn_costs else None
+        self._learn_costs = learn_costs
+        self._measure_probes = settings["measure_probes"]
+        self._step_timer = (StepTimer(cost.step_time)
+                            if learn_costs or self._measure_probes else None)
+        # Scheduler outputs whose drafts are a probe, until their result is handled (by id,
+        # as the step timer; bounded as its dict is, should a step fail).
+        self._probe_outputs: list[int] = []
         # Deferred drafter KV sync with prefix caching (spec_decode/deferred_sync.py).
         self._uncache_window = uncache_window(self.vllm_config)
         # Prefix-cache hits keep their last block for EAGLE-family drafters (patch P13).
@@ -84,9 +92,12 @@ class AdaptiveSchedulerMixin:
 
     def schedule(self, *args, **kwargs):
         started = time.perf_counter()
+        probes = self.draft_controller.probes
         scheduler_output = super().schedule(*args, **kwargs)
         if self._step_timer is not None:
             self._step_timer.scheduled(scheduler_output, started)
+        if self._measure_probes and self.draft_controller.probes != probes:
+            self._probe_outputs = self._probe_outputs[-15:] + [id(scheduler_output)]
         if step_log.enabled():
             step_log.record("sched", build_ms=round((time.perf_counter() - started) * 1e3, 3),
                             n=len(scheduler_output.num_scheduled_tokens),
@@ -100,6 +111,8 @@ class AdaptiveSchedulerMixin:
         step_time = None
         if self._step_timer is not None:
             step_time = self._step_timer.output(scheduler_output, time.perf_counter())
+            if self._measure_probes:
+                self._observe_interval(scheduler_output)
         if step_log.enabled():
             step_log.record("result", tokens=scheduler_output.total_num_scheduled_tokens)
         # Device n-gram (method ngram_gpu): draft slots the runner trimmed because the match
@@ -112,10 +125,23 @@ class AdaptiveSchedulerMixin:
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if self._step_timer is not None:
             self._step_timer.output_done(time.perf_counter())
-        if step_time is not None:
+        if step_time is not None and self._learn_costs:
             self.draft_controller.observe_step_time(step_time.num_reqs, step_time.k,
                                                     step_time.seconds)
         return outputs
+
+    def _observe_interval(self, scheduler_output) -> None:
+        probe = id(scheduler_output) in self._probe_outputs
+        if probe:
+            self._probe_outputs.remove(id(scheduler_output))
+        interval = self._step_timer.last_interval
+        if interval is None:
+            # Untimed (the first result, an empty step): an open probe window ends here.
+            self.draft_controller.observe_interval(0, 0.0, False, False, probe)
+            return
+        self.draft_controller.observe_interval(
+            interval.num_reqs, interval.seconds, interval.steady,
+            interval.verified == 0 and interval.chose == 0, probe)
 
     def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                                  num_invalid_spec_tokens, request_id):

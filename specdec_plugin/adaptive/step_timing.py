@@ -34,6 +34,10 @@ idle, with nothing in flight), and the interval is not its cost. Under async sch
 step is scheduled before the previous result comes back, so this never discards a pipelined
 step. An empty step (nothing scheduled) is no step's cost and breaks the chain: the engine was
 waiting on something, so the interval up to the next result is not a step's cost either.
+
+Every timed interval, whatever its step verified or drafted, is also kept as ``last_interval``,
+with whether it was a steady one (pure decode, back to back): ``probe_cost.py`` prices the
+controller's probes from the steps around them, which include a drafting step.
 """
 from __future__ import annotations
 
@@ -50,6 +54,18 @@ class StepTime:
     num_reqs: int
     k: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Every timed step's interval, whatever it verified or drafted (``probe_cost.py`` reads
+    them): ``verified`` the length chosen for it by the step before, ``chose`` its own choice,
+    ``steady`` whether it was a pure decode step scheduled back to back."""
+    num_reqs: int
+    seconds: float
+    verified: int
+    chose: int
+    steady: bool
 
 
 def pure_decode(scheduler_output, k: int) -> bool:
@@ -76,6 +92,8 @@ class StepTimer:
         self._last_result: float | None = None
         self._last_done: float | None = None
         self._last_choice: int | None = None
+        # The interval of the last step given to ``output`` (None: it had none to time).
+        self.last_interval: Interval | None = None
 
     def scheduled(self, scheduler_output, now: float) -> None:
         """The scheduler started building ``scheduler_output`` at ``now``."""
@@ -93,19 +111,21 @@ class StepTimer:
             # Nothing was schedulable: the engine is waiting on something, and the next
             # interval would include that wait.
             self._last_result = None
+            self.last_interval = None
             return None
         previous, previous_done, k = self._last_result, self._last_done, self._last_choice
         self._last_result = now
         self._last_done = None
-        self._last_choice = scheduler_output.num_spec_tokens_to_schedule
+        chose = scheduler_output.num_spec_tokens_to_schedule
+        self._last_choice = chose
+        self.last_interval = None
         if previous is None or previous_done is None or scheduled_at is None or k is None:
             return None
-        if scheduler_output.num_spec_tokens_to_schedule > k:
-            return None
-        if not pure_decode(scheduler_output, k):
-            return None
         n = len(scheduler_output.num_scheduled_tokens)
-        if scheduled_at - previous_done > self.idle_fraction * self.predict(n, k):
+        decode = pure_decode(scheduler_output, k)
+        back_to_back = scheduled_at - previous_done <= self.idle_fraction * self.predict(n, k)
+        self.last_interval = Interval(n, now - previous, k, chose, decode and back_to_back)
+        if chose > k or not decode or not back_to_back:
             return None
         return StepTime(n, k, now - previous)
 
