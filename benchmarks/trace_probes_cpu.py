@@ -12,7 +12,8 @@ method's synthetic drafter at acceptance 1.0, in-process, ``--runs`` runs of 64 
 prompts are shaped as the GPU benchmarks' (192 tokens, so a run's prefill spans two steps, as
 it did there; bench_host_step_cpu.py's are 64 tokens); the
 controller's ``choose`` is wrapped to record each step's batch size and chosen length. Prints,
-per run, the steps that drafted (step index: batch size).
+per run, the steps that drafted (step index: batch size), and with
+``SPECDEC_ADAPTIVE_PROBE_COST=observed`` what the probes were measured to cost.
 
     python benchmarks/trace_probes_cpu.py [--method eagle] [--runs 4]
 """
@@ -40,12 +41,14 @@ from specdec_plugin.adaptive.controller import DraftLengthController  # noqa: E4
 FAMILY = "tiny-4l"
 
 
-def record_choices(steps: list) -> None:
+def record_choices(steps: list, controllers: list) -> None:
     choose = DraftLengthController.choose
 
     def recorded(self, req_ids):
         k = choose(self, req_ids)
         steps.append((len(req_ids), k))
+        if not controllers:
+            controllers.append(self)
         return k
 
     DraftLengthController.choose = recorded
@@ -61,7 +64,8 @@ def main() -> None:
     args = p.parse_args()
 
     steps: list[tuple[int, int]] = []
-    record_choices(steps)
+    controllers: list[DraftLengthController] = []
+    record_choices(steps, controllers)
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -83,6 +87,11 @@ def main() -> None:
         print(f"run {run}: {len(steps) - start} steps, drafting steps (step: batch) "
               f"{', '.join(drafted) or 'none'}", flush=True)
     print(f"{args.method}: {total} drafting steps in {args.runs} runs of batch {args.batch}")
+    probe_cost = controllers[0].probe_cost if controllers else None
+    if probe_cost is not None:  # SPECDEC_ADAPTIVE_PROBE_COST=observed
+        extra = probe_cost.extra_steps(args.batch)
+        print(f"a probe's measured extra time at batch {args.batch}: "
+              f"{'not measured' if extra is None else f'{extra:.2f} plain steps'}")
 
 
 if __name__ == "__main__":
