@@ -17,6 +17,10 @@ run of each engine also gives its tokens: how many requests' greedy outputs equa
 decoding's is reported (bf16 near-ties may differ on a GPU; fp32 on the CPU must not).
 
     python benchmarks/bench_paired_plain.py --out DIR --acceptance-length 1.0 --methods eagle3,eagle --batches 16,64 --repeats 8
+
+A method written ``METHOD:VARIANT`` (``engine_variants.py``, e.g. ``eagle:probe-observed``)
+starts its engine with the variant's environment over ``--env``, so that a variant and the
+default are each paired with the same plain engine in one run.
 """
 from __future__ import annotations
 
@@ -41,6 +45,8 @@ from tests.engine_runner import (  # noqa: E402
     timed_entry,
 )
 from tests.environ import environ  # noqa: E402
+
+from engine_variants import split_method  # noqa: E402  (benchmarks/)
 
 
 def start_engine(model: str, engine: dict, env: dict | None = None):
@@ -182,6 +188,10 @@ def main() -> None:
                              '{"SPECDEC_STEP_LOG": "/tmp/plain/{pid}.jsonl"}), to compare its '
                              "steps beside a method engine's")
     args = parser.parse_args()
+    try:
+        methods = {name: split_method(name) for name in args.methods.split(",")}
+    except ValueError as exc:
+        parser.error(f"--methods: {exc}")
     batches = [int(b) for b in args.batches.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -201,9 +211,10 @@ def main() -> None:
     plain, report["engine_start_s"]["none"] = start_engine(target, engine,
                                                            json.loads(args.plain_env))
     try:
-        for method in args.methods.split(","):
+        for method, (base, variant_env) in methods.items():
             llm, report["engine_start_s"][method] = start_engine(
-                target, {**engine, "speculative_config": specs[method]}, json.loads(args.env))
+                target, {**engine, "speculative_config": specs[base]},
+                {**json.loads(args.env), **variant_env})
             try:
                 for batch in batches:
                     cell = time_pair(plain, llm, requests_for(workload, batch), args.max_tokens,

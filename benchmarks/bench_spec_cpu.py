@@ -13,9 +13,10 @@ mean acceptance length and per-position acceptance, from vLLM's own spec-decode 
     python benchmarks/bench_spec_cpu.py [--methods ngram,suffix,eagle] [--json out.json]
         [--extra-assets old=DIR --methods draft_model,draft_model@old]
 
-A method written ``METHOD:VARIANT`` runs that engine with the environment of ``VARIANTS``:
-``draft_model:static`` with the adaptive controller off (``SPECDEC_ADAPTIVE=0``: K drafts every
-step), ``ngram:observed`` with its cost table corrected by observed step times, so that
+A method written ``METHOD:VARIANT`` runs that engine with the environment of a variant
+(``engine_variants.py``): ``draft_model:static`` with the adaptive controller off
+(``SPECDEC_ADAPTIVE=0``: K drafts every step), ``ngram:observed`` with its cost table
+corrected by observed step times, so that
 adaptive drafting, its variants, static K and plain decoding are timed in one run (issue 11's
 bar compares them).
 
@@ -32,16 +33,15 @@ import gzip
 import json
 import os
 import statistics
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/
+
+from engine_variants import VARIANT_KEYS, split_method  # noqa: E402
 
 K = 3
 MAX_TOKENS = 64
-# METHOD:VARIANT -> the environment its engine starts with (read in the engine's process).
-VARIANTS = {
-    "": {},
-    "static": {"SPECDEC_ADAPTIVE": "0"},
-    "observed": {"SPECDEC_ADAPTIVE_OBSERVED_COST": "1"},
-}
 
 CODE_EDIT = '''Rewrite the function below, renaming `total` to `result`. Reply with the code only.
 
@@ -147,12 +147,11 @@ def main() -> None:
     configs = spec_configs(str(fetch_smollm2()), args.extra_assets)
     if args.methods:
         wanted = ["none", *args.methods.split(",")]
-        unknown = sorted(name for name in wanted if name.partition(":")[2] not in VARIANTS)
-        if unknown:
-            parser.error(f"--methods: {unknown}: variants are {sorted(VARIANTS)[1:]}")
-        configs = {name: configs[name.partition(":")[0]] for name in wanted}
-    variant_keys = {key for env in VARIANTS.values() for key in env}
-    outer_env = {key: os.environ.get(key) for key in variant_keys}
+        try:
+            configs = {name: configs[split_method(name)[0]] for name in wanted}
+        except ValueError as exc:
+            parser.error(f"--methods: {exc}")
+    outer_env = {key: os.environ.get(key) for key in VARIANT_KEYS}
     passes = args.repeats + 1  # warm-up + timed
     humaneval = humaneval_prompts(4 * passes * 2)
     # Code edits: the same instruction on a different function name each pass and request.
@@ -162,7 +161,7 @@ def main() -> None:
     results = []
     for name, (target, spec) in configs.items():
         # Read when the engine starts (in its process, which inherits this environment).
-        for key, value in {**outer_env, **VARIANTS[name.partition(":")[2]]}.items():
+        for key, value in {**outer_env, **split_method(name)[1]}.items():
             if value is None:
                 os.environ.pop(key, None)
             else:

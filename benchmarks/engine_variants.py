@@ -1,0 +1,31 @@
+"""Engine variants a benchmark can time beside the default in one run: ``METHOD:VARIANT`` names
+the method's engine started with the variant's environment (read where the engine starts).
+
+    static           the adaptive controller off: K drafts every step
+    observed         the cost table corrected by observed step times (adaptive/observed_cost.py)
+    probe-observed   the probe budget priced by what probes were seen to cost
+                     (adaptive/probe_cost.py)
+
+Used by bench_spec_cpu.py and bench_paired_plain.py.
+"""
+from __future__ import annotations
+
+VARIANTS: dict[str, dict[str, str]] = {
+    "": {},
+    "static": {"SPECDEC_ADAPTIVE": "0"},
+    "observed": {"SPECDEC_ADAPTIVE_OBSERVED_COST": "1"},
+    "probe-observed": {"SPECDEC_ADAPTIVE_PROBE_COST": "observed"},
+}
+
+# Every variable a variant sets: a run that sets one for an engine restores them all after.
+VARIANT_KEYS = frozenset(key for env in VARIANTS.values() for key in env)
+
+
+def split_method(name: str) -> tuple[str, dict[str, str]]:
+    """``METHOD[:VARIANT]`` -> (METHOD, the variant's environment). An unknown variant's error
+    names it and the known ones."""
+    method, _, variant = name.partition(":")
+    if variant not in VARIANTS:
+        raise ValueError(f"{name!r}: unknown variant {variant!r}; variants are "
+                         f"{', '.join(sorted(VARIANTS)[1:])}")
+    return method, VARIANTS[variant]
