@@ -196,7 +196,6 @@ def test_the_scheduler_tells_the_controller_every_interval_and_which_steps_were_
     scheduler.draft_controller = DraftLengthController(K, STEEP, learn_costs=False,
                                                        probe_budget=0.0, measure_probes=True)
     scheduler.dynamic_sd_lookup = _AskController(scheduler)
-    scheduler._learn_costs, scheduler._measure_probes = False, True
     scheduler._step_timer = StepTimer(lambda n, k: 1.0)  # no interval is an idle gap
     scheduler._probe_outputs = []
     scheduler.running = [SimpleNamespace(request_id=f"r{i}") for i in range(8)]

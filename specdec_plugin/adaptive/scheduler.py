@@ -71,10 +71,8 @@ class AdaptiveSchedulerMixin:
         learn_costs = settings["learn_costs"]
         self.draft_controller = DraftLengthController(self.num_spec_tokens, cost, **settings)
         self.dynamic_sd_lookup = _AskController(self)
-        self._learn_costs = learn_costs
-        self._measure_probes = settings["measure_probes"]
         self._step_timer = (StepTimer(cost.step_time)
-                            if learn_costs or self._measure_probes else None)
+                            if learn_costs or settings["measure_probes"] else None)
         # Scheduler outputs whose drafts are a probe, until their result is handled (by id,
         # as the step timer; bounded as its dict is, should a step fail).
         self._probe_outputs: list[int] = []
@@ -96,7 +94,8 @@ class AdaptiveSchedulerMixin:
         scheduler_output = super().schedule(*args, **kwargs)
         if self._step_timer is not None:
             self._step_timer.scheduled(scheduler_output, started)
-        if self._measure_probes and self.draft_controller.probes != probes:
+        controller = self.draft_controller
+        if controller.probe_cost is not None and controller.probes != probes:
             self._probe_outputs = self._probe_outputs[-15:] + [id(scheduler_output)]
         if step_log.enabled():
             step_log.record("sched", build_ms=round((time.perf_counter() - started) * 1e3, 3),
@@ -111,7 +110,7 @@ class AdaptiveSchedulerMixin:
         step_time = None
         if self._step_timer is not None:
             step_time = self._step_timer.output(scheduler_output, time.perf_counter())
-            if self._measure_probes:
+            if self.draft_controller.probe_cost is not None:
                 self._observe_interval(scheduler_output)
         if step_log.enabled():
             step_log.record("result", tokens=scheduler_output.total_num_scheduled_tokens)
@@ -125,7 +124,7 @@ class AdaptiveSchedulerMixin:
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if self._step_timer is not None:
             self._step_timer.output_done(time.perf_counter())
-        if step_time is not None and self._learn_costs:
+        if step_time is not None:  # the controller keeps it only where it learns costs
             self.draft_controller.observe_step_time(step_time.num_reqs, step_time.k,
                                                     step_time.seconds)
         return outputs
