@@ -210,6 +210,18 @@ def run_job(job: dict) -> dict:
 _CONTROLLER_LINES = 300
 
 
+def drafter_graph_counts(log: str) -> dict:
+    """Our drafter graphs (specdec_plugin/spec_decode/drafter_graphs.py) in an engine's or a
+    server's log: recorded, recorded while serving, and failed. Padded graphs recorded at
+    start-up are summed up in one line; exact-shape ones recorded while serving get a line
+    each (a count of those lines alone read 0 for an engine that recorded 30 graphs at start,
+    session 49)."""
+    while_serving = len(re.findall(r"drafter graph recorded", log))
+    at_start = sum(int(n) for n in re.findall(r"(\d+) drafter graphs recorded at start-up", log))
+    return {"recorded": at_start + while_serving, "recorded_while_serving": while_serving,
+            "failed": len(re.findall(r"drafter graph for key .* not recorded", log))}
+
+
 def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None = None) -> dict:
     """Run ``job`` in a fresh Python process (vLLM picks its platform once per process)."""
     from specdec_plugin.engine_ports import engine_port_env
@@ -241,15 +253,7 @@ def run_in_subprocess(job: dict, timeout_s: float = 1200, log_path: str | None =
         r"(\d\d:\d\d:\d\d) \[jit_monitor\.py:\d+\] .*? during inference: ([^\s.(]+)",
         output)]
     recompiles = sorted(set(re.findall(r"Recompiling function (\S+)", output)))
-    # Our drafter graphs (specdec_plugin/spec_decode/drafter_graphs.py): recorded, and failed.
-    drafter_graphs = {
-        # Padded graphs recorded at start-up are summed up in one line; exact-shape ones
-        # recorded while serving get a line each.
-        "recorded": len(re.findall(r"drafter graph recorded", output)) + sum(
-            int(n) for n in re.findall(r"(\d+) drafter graphs recorded at start-up", output)),
-        "recorded_while_serving": len(re.findall(r"drafter graph recorded", output)),
-        "failed": len(re.findall(r"drafter graph for key .* not recorded", output)),
-    }
+    drafter_graphs = drafter_graph_counts(output)
     # The adaptive controller's own account (specdec_plugin/adaptive/): the start-up cost table
     # and each change of regime with its predictions. In the result, so that it comes back
     # with the JSON from a device whose logs are lost with the machine (session 16).

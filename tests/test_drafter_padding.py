@@ -146,6 +146,49 @@ def test_without_startup_a_bucket_is_recorded_once_while_serving(drafter):
     assert set(drafter._draft_graphs) == {("padded", K, 3), ("padded", K, 4)}
 
 
+def test_a_padded_graph_that_fails_at_start_is_served_without_it(drafter, monkeypatch, caplog):
+    """The rule tests/gpu/test_serve_gpu.py checks under load on a GPU: a padded graph whose
+    recording fails at start-up (an op that cannot be recorded) warns once and is not tried
+    again; its steps draft exactly as eager drafting does (through an exact-shape graph
+    recorded while serving), and the other buckets still replay their padded graphs."""
+    device = drafter._graph_device
+    real_capture = device.capture_graph
+    failing = {"key": ("padded", K, 4), "armed": True}
+    real_capture_keyed = DrafterGraphs._capture
+
+    def refuse(fn, pool, stream):
+        raise RuntimeError("forced: cannot be recorded")
+
+    def capture(self, key, run, *args, **kwargs):
+        if failing["armed"] and key == failing["key"]:
+            failing["armed"] = False
+            monkeypatch.setattr(device, "capture_graph", refuse)
+            try:
+                return real_capture_keyed(self, key, run, *args, **kwargs)
+            finally:
+                monkeypatch.setattr(device, "capture_graph", real_capture)
+        return real_capture_keyed(self, key, run, *args, **kwargs)
+
+    monkeypatch.setattr(DrafterGraphs, "_capture", capture)
+    drafter.prerecord_graphs()
+    assert drafter._draft_graphs[failing["key"]] is None
+    assert [r for r in caplog.records if "not recorded" in r.getMessage()], "no warning"
+    recorded_at_start = device.captured
+    paths = []
+    for seed, lens in enumerate([[4, 4, 4, 4], [1, 4, 2, 3], [4, 4, 4, 4], [2] * 8, [1]]):
+        kw = _call(lens, K, 50 + seed)
+        assert torch.equal(drafter.propose(**kw), _eager(kw)), lens
+        paths.append(drafter._last_path)
+    # Bucket 4 never replays the failed graph; buckets 8 and 1 still replay theirs.
+    assert paths[0] != "replay_padded" and paths[1] != "replay_padded"
+    assert paths[3] == paths[4] == "replay_padded"
+    # The 4-request shape was recorded once as an exact-shape graph and replayed after that.
+    assert paths[2] == "replay"
+    assert drafter._draft_graphs[failing["key"]] is None  # not retried
+    assert len([r for r in caplog.records if "not recorded" in r.getMessage()]) == 1
+    assert device.captured == recorded_at_start + 2  # the two 4-request exact shapes
+
+
 def test_the_start_up_timer_replays_each_lengths_padded_graph(drafter, monkeypatch):
     """The cost table's drafting timer (SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST, adaptive/measure.py)
     replays the graph a step of k drafts at each padded size replays, outside inference mode

@@ -528,8 +528,12 @@ class DrafterGraphs:
             graph, draft_token_ids = device.capture_graph(run, self._graph_pool,
                                                           self._graph_stream)
         except Exception as err:  # e.g. an op that cannot be recorded: draft eagerly instead
-            logger.warning("specdec_plugin: drafter graph for key %s not recorded (%s: %s); "
-                           "these steps draft eagerly", key[:3], type(err).__name__, err)
+            # A padded size's steps fall back to exact-shape graphs (_propose_now), which
+            # draft eagerly in turn where they fail too.
+            fallback = ("these steps use exact-shape graphs or draft eagerly"
+                        if key[0] == "padded" else "these steps draft eagerly")
+            logger.warning("specdec_plugin: drafter graph for key %s not recorded (%s: %s); %s",
+                           key[:3], type(err).__name__, err, fallback)
             self._draft_graphs[key] = None
             # The failed graph dies here and, if it was the pool's only graph, takes the pool
             # with it: torch's allocator then refuses the pool id for any later capture
