@@ -8,8 +8,8 @@
   mid-stream; ``pinned`` requests are spliced into the middle of the list, ``scattered`` ones
   (bad requests, say) spread evenly over it.
 - ``run_load(base_url, requests, concurrency, deadline_s) -> list[LoadResult]``: sends them with
-  at most ``concurrency`` in flight; every request is bounded in time and the whole run by
-  ``deadline_s``.
+  at most ``concurrency`` in flight, each on a fresh connection (``_run`` says why); every
+  request is bounded in time and the whole run by ``deadline_s``.
 - ``problems(requests, results) -> list[str]``: what is wrong with any request that was not
   cancelled (no text, no finish reason, a bad status, a structured output that is not JSON of
   the schema, logprobs that do not match the tokens).
@@ -230,7 +230,14 @@ async def _run(base_url: str, requests: list[LoadRequest], concurrency: int,
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(requests)):
         queue.put_nowait(i)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    # A fresh connection per request (no keep-alive). At concurrency 512 the client's one event
+    # loop falls seconds behind (httpcore's pool bookkeeping grows with the square of its
+    # connections), uvicorn closes connections idle for its 5-s keep-alive meanwhile, and a
+    # request written onto one just closed ends in httpx.ReadError with no status. Session 49
+    # saw 3-6 such errors in 1536 requests on the GPU memory test and reproduced them against a
+    # trivial FastAPI server (no vLLM): 0-5 per run with keep-alive, none without it, and the
+    # client no longer lags. Those are the client's losses, not the server's.
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=0)
     # trust_env=False: no proxy from the environment may see loopback traffic.
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits,
                                  trust_env=False) as client:
@@ -253,7 +260,6 @@ async def _run(base_url: str, requests: list[LoadRequest], concurrency: int,
                 if not res.done:
                     res.error = res.error or ("cut off by the load deadline" if res.sent
                                               else "not sent: load deadline passed")
-    return results
     return results
 
 
