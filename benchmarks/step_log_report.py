@@ -15,6 +15,14 @@ flush, a probe that drafted, a plain engine's step), each kind with its step per
 ``exec`` to the next: under async scheduling, the rate the engine really runs at) and the
 median host time of each call. Session 32 read this way that at batch 64 on an H200 the steps
 after a deferred flush were the slow ones: the host ran past the device step there.
+
+``--beside PLAIN.jsonl`` (with ``--by-kind``): the decode-step period of this engine and of
+another engine logged on the same host (``bench_paired_plain.py``'s plain engine, whose runs
+alternate with this one's) over the span of this log (``t`` is ``time.perf_counter``, one clock
+for every process of a host). A method whose steps that draft nothing run slower than the
+plain engine's in the same minutes was slowed by something other than drafting: session 49's
+EAGLE with the measured probe price ran every step 4% slow beside another job's engine start,
+read by hand this way.
 """
 from __future__ import annotations
 
@@ -141,6 +149,21 @@ def by_kind(events: list[dict], gap_s: float = 0.15) -> dict:
     return report
 
 
+def beside(events: list[dict], other: list[dict], gap_s: float = 0.15) -> dict:
+    """The decode-step period of ``events`` and of ``other`` (another engine's log on the same
+    host) within the span of ``events``: medians, and their ratio."""
+    start, end = events[0]["t"], events[-1]["t"]
+    window = [e for e in other if start <= e["t"] <= end]
+    mine, theirs = by_kind(events, gap_s), by_kind(window, gap_s)
+    if not mine or not theirs:
+        return {"this": mine or None, "beside": theirs or None, "ratio": None}
+    this_period, that_period = mine["period_median_ms"], theirs["period_median_ms"]
+    return {"span_s": round(end - start, 3),
+            "this": {"steps": mine["steps"], "period_median_ms": this_period},
+            "beside": {"steps": theirs["steps"], "period_median_ms": that_period},
+            "ratio": round(this_period / that_period, 4)}
+
+
 def summarise(events: list[dict], top: int = 8, gap_s: float = 0.15) -> dict:
     runs = split_runs(events, gap_s)
     return {
@@ -167,13 +190,21 @@ def main() -> None:
                         help="an idle gap longer than this starts a new run")
     parser.add_argument("--by-kind", action="store_true",
                         help="decode steps grouped by what the drafter did, with step periods")
+    parser.add_argument("--beside", metavar="OTHER_LOG",
+                        help="with --by-kind: also the decode-step period of another engine's "
+                             "log on the same host over this log's span, and the ratio")
     args = parser.parse_args()
+    if args.beside and not args.by_kind:
+        parser.error("--beside goes with --by-kind")
     events = load(args.log)
     if not events:
         print("empty log")
         return
     if args.by_kind:
-        print(json.dumps(by_kind(events, args.gap_s), indent=1))
+        report = by_kind(events, args.gap_s)
+        if args.beside:
+            report = {**report, "beside": beside(events, load(args.beside), args.gap_s)}
+        print(json.dumps(report, indent=1))
         return
     report = summarise(events, args.top, args.gap_s)
     print("events:", report["events"])

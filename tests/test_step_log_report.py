@@ -90,3 +90,37 @@ def test_steps_are_grouped_by_what_the_drafter_did(tmp_path):
     # The late steps are the ones after a flush, not the flushes.
     assert abs(kinds["flush + deferred k=0"]["period_mean_ms"] - base_ms) < 1e-3
     assert kinds["deferred k=0"]["period_mean_ms"] > base_ms + 0.1
+
+
+def _engine_steps(start: float, steps: int, period_ms: float, n: int) -> list[dict]:
+    """A plain engine's decode steps on the host clock from ``start``: ``exec`` then ``sample``."""
+    lines, t = [], start
+    for _ in range(steps):
+        t += period_ms / 1e3
+        lines.append({"t": t, "kind": "exec", "ms": 2.0, "tokens": n})
+        lines.append({"t": t + 0.0005, "kind": "sample", "ms": 0.5})
+    return lines
+
+
+def test_beside_compares_step_periods_within_this_logs_span(tmp_path):
+    """``--beside``: the other engine's steps count only within this log's span, so its steps
+    before and after (at another rate) do not move its period."""
+    report_module = load_benchmark("step_log_report")
+    rng = random.Random()
+    n, plain_ms = rng.randint(8, 64), rng.uniform(4.0, 6.0)
+    slow = rng.uniform(1.02, 1.10)
+    method = _engine_steps(200.0, rng.randint(80, 160), plain_ms * slow, n)
+    span = (method[0]["t"], method[-1]["t"])
+    # The plain engine: far slower outside the method's span, at plain_ms within it.
+    other = (_engine_steps(100.0, 50, 3 * plain_ms, n)
+             + _engine_steps(span[0], int((span[1] - span[0]) * 1e3 / plain_ms), plain_ms, n)
+             + _engine_steps(span[1] + 1.0, 50, 3 * plain_ms, n))
+
+    report = report_module.beside(method, other)
+
+    assert abs(report["this"]["period_median_ms"] - plain_ms * slow) < 1e-3
+    assert abs(report["beside"]["period_median_ms"] - plain_ms) < 1e-3
+    assert abs(report["ratio"] - slow) < 1e-3
+    # Nothing of the other engine's in the span: no ratio, not a made-up one.
+    empty = report_module.beside(method, other[:100])
+    assert empty["ratio"] is None and empty["beside"] is None
