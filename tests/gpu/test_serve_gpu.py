@@ -118,7 +118,7 @@ def started(tmp_path_factory, smollm2_path):
         pool.shutdown(wait=True)
 
 
-def test_recording_failure_under_load_drafts_that_shape_eagerly(started):
+def test_recording_failure_under_load_serves_that_batch_size_without_its_graph(started):
     from tests.gpu.ties import assert_equal_but_ties
     from tests.prompts_gpu import BENCH_PROMPTS
 
