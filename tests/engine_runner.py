@@ -214,8 +214,8 @@ def drafter_graph_counts(log: str) -> dict:
     """Our drafter graphs (specdec_plugin/spec_decode/drafter_graphs.py) in an engine's or a
     server's log: recorded, recorded while serving, and failed. Padded graphs recorded at
     start-up are summed up in one line; exact-shape ones recorded while serving get a line
-    each (a count of those lines alone read 0 for an engine that recorded 30 graphs at start,
-    session 49)."""
+    each (a count of those lines alone read 0 in session 49's GPU memory test, whose graphs
+    were recorded at start-up)."""
     while_serving = len(re.findall(r"drafter graph recorded", log))
     at_start = sum(int(n) for n in re.findall(r"(\d+) drafter graphs recorded at start-up", log))
     return {"recorded": at_start + while_serving, "recorded_while_serving": while_serving,
