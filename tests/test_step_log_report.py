@@ -102,7 +102,7 @@ def _engine_steps(start: float, steps: int, period_ms: float, n: int) -> list[di
     return lines
 
 
-def test_beside_compares_step_periods_within_this_logs_span(tmp_path):
+def test_beside_compares_step_periods_within_this_logs_span():
     """``--beside``: the other engine's steps count only within this log's span, so its steps
     before and after (at another rate) do not move its period."""
     report_module = load_benchmark("step_log_report")
