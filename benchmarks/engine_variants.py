@@ -5,6 +5,11 @@ the method's engine started with the variant's environment (read where the engin
     observed         the cost table corrected by observed step times (adaptive/observed_cost.py)
     probe-observed   the probe budget priced by what probes were seen to cost
                      (adaptive/probe_cost.py)
+    again            the default, as an engine of its own: timed once more in the same run,
+                     it tells what an engine's start order or its place on the host moves
+                     from what a variant's setting does (session 50: the second of two
+                     engines ran every step 4-7% slower than the first, steps that draft
+                     nothing included, in two leases)
 
 Used by bench_spec_cpu.py and bench_paired_plain.py.
 """
@@ -15,6 +20,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "static": {"SPECDEC_ADAPTIVE": "0"},
     "observed": {"SPECDEC_ADAPTIVE_OBSERVED_COST": "1"},
     "probe-observed": {"SPECDEC_ADAPTIVE_PROBE_COST": "observed"},
+    "again": {},
 }
 
 # Every variable a variant sets: a run that sets one for an engine restores them all after.
