@@ -77,11 +77,30 @@ def smollm2_path() -> str:
     return str(fetch_smollm2())
 
 
+# The session's engine pool, for the summary below.
+_POOLS: list = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    # How many engines the pool built and how long they took, and which configurations were
+    # built more than once (pushed out of the pool, then asked for again): the first place
+    # to look when CI's time grows.
+    for pool in _POOLS:
+        seconds = sum(s for _, s in pool.built)
+        keys = [key for key, _ in pool.built]
+        again = sorted({key for key in keys if keys.count(key) > 1})
+        terminalreporter.write_line(f"engine pool: {len(keys)} engines built in {seconds:.0f} s, "
+                                    f"{len(again)} configurations built more than once")
+        for key in again:
+            terminalreporter.write_line(f"  built {keys.count(key)}x: {key[:300]}")
+
+
 @pytest.fixture(scope="session")
 def engines(request):
     from tests.engine_pool import EnginePool
 
     pool = EnginePool()
+    _POOLS.append(pool)
     # The plain baselines the selected modules declare (EnginePool.want_plain_greedy).
     modules = {id(item.module): item.module for item in request.session.items
                if getattr(item, "module", None) is not None}

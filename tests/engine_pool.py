@@ -5,6 +5,7 @@ import gc
 import json
 import os
 import threading
+import time
 
 
 class EnginePool:
@@ -38,6 +39,9 @@ class EnginePool:
         self._uses: dict[str, int] = {}
         # Shutdowns of engine processes still under way (see `_shutdown`).
         self._stopping: list[threading.Thread] = []
+        # (configuration, seconds to build) of every engine built, for the end-of-run summary
+        # (conftest.py): engine starts are most of CI's time.
+        self.built: list[tuple[str, float]] = []
 
     def get(self, model: str, metrics: bool = False, adaptive: bool = False, **kwargs):
         """The engine for this configuration. ``metrics=True``: the caller reads its counters
@@ -67,8 +71,10 @@ class EnginePool:
             # The controller is chosen from the environment when the config is built.
             saved = os.environ.get("SPECDEC_ADAPTIVE")
             os.environ["SPECDEC_ADAPTIVE"] = "1" if adaptive else "0"
+            started = time.perf_counter()
             try:
                 self._engines[key] = LLM(model=model, served_model_name=f"pool-{self._created}", **kwargs)
+                self.built.append((key, time.perf_counter() - started))
             finally:
                 if saved is None:
                     os.environ.pop("SPECDEC_ADAPTIVE")
