@@ -1,6 +1,7 @@
 """One vLLM ``LLM`` per distinct configuration, shared across the test session."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -20,9 +21,10 @@ class EnginePool:
     # known): vLLM's parallel state (the torch.distributed groups) belongs to the process, so
     # shutting one engine built here down takes it from every other (engine A alive, engine B
     # built, used and shut down: A.generate then fails with "pipeline model parallel group is
-    # not initialized"). A rule that could work, untried: one engine built here at a time,
-    # others in processes of their own, and that one used only while no engine core was built
-    # or shut down here since. See session 45's closing note.
+    # not initialized"). The rule `one_off` keeps (session 50): one engine built here at a
+    # time, others in processes of their own, and that one used only while no engine core was
+    # built or shut down here since (test_deferred_sync_engine.py's engines keep it too). See
+    # session 45's closing note.
 
     def __init__(self) -> None:
         self._engines: dict[str, object] = {}
@@ -87,6 +89,40 @@ class EnginePool:
             self._engines[key] = self._engines.pop(key)
         self._uses[key] = self._uses.get(key, 0) + 1
         return self._engines[key]
+
+    @contextlib.contextmanager
+    def one_off(self, model: str, adaptive: bool = False, **kwargs):
+        """An engine for one test alone, built in this process and shut down when the block
+        ends. In this process an engine starts in about half the time (no engine process to
+        spawn, which imports vLLM and torch again: about 15 s on 2 cores), and the rule that
+        keeps such engines apart holds here: one at a time, and none alive when another
+        engine of this process is built or shut down (see the class comment). Nothing else in
+        the session can reuse it, so use it for configurations one test asks for. Its
+        counters are read as a pool engine's (``counters``)."""
+        from vllm import LLM
+
+        from tests.environ import environ
+
+        kwargs.setdefault("dtype", "float32")
+        kwargs.setdefault("max_model_len", 1024)
+        kwargs.setdefault("seed", 0)
+        self._created += 1
+        started = time.perf_counter()
+        key = json.dumps({"model": model, "adaptive": adaptive, "one_off": True, **kwargs},
+                         sort_keys=True, default=str)
+        # The controller is chosen from the environment when the config is built.
+        with environ(SPECDEC_ADAPTIVE="1" if adaptive else "0",
+                     VLLM_ENABLE_V1_MULTIPROCESSING="0"):
+            llm = LLM(model=model, served_model_name=f"pool-{self._created}", **kwargs)
+        self.built.append((key, time.perf_counter() - started))
+        # Its Prometheus logger unregistered the pool's engines' metrics (see `get`).
+        self._newest = None
+        try:
+            yield llm
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
 
     def _shutdown(self, key: str) -> None:
         """Drop the engine. Its engine-core process takes about 3 s to exit after SIGTERM

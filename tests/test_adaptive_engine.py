@@ -33,16 +33,19 @@ def _draft_lengths(llm) -> dict[int, float]:
 
 
 def _run(engines, target, spec, one_at_a_time=False):
-    llm = engines.get(target, metrics=True, adaptive=True, enable_prefix_caching=False,
-                      disable_log_stats=False, speculative_config=spec)
-    before, lengths_before = counters(llm), _draft_lengths(llm)
-    if one_at_a_time:
-        got = [out for prompt in PROMPTS for out in _greedy(llm, [prompt])]
-    else:
-        got = _greedy(llm)
-    after = counters(llm)
+    # Each configuration is this test's alone: built in this process, it starts in about half
+    # the time (EnginePool.one_off). Served engines, in processes of their own, are checked
+    # with the controller on in test_serve.py (n-gram, its draft-length metric included).
+    with engines.one_off(target, adaptive=True, enable_prefix_caching=False,
+                         disable_log_stats=False, speculative_config=spec) as llm:
+        before, lengths_before = counters(llm), _draft_lengths(llm)
+        if one_at_a_time:
+            got = [out for prompt in PROMPTS for out in _greedy(llm, [prompt])]
+        else:
+            got = _greedy(llm)
+        after = counters(llm)
+        lengths = _draft_lengths(llm)
     delta = {name: counter_delta(before, after, name) for name in after}
-    lengths = _draft_lengths(llm)
     delta["draft_lengths"] = {k: v - lengths_before.get(k, 0) for k, v in lengths.items()
                               if v - lengths_before.get(k, 0)}
     return got, delta
