@@ -4,9 +4,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import os
 import threading
 import time
+
+
+# Every test engine's settings unless the test gives its own.
+ENGINE_DEFAULTS = {"dtype": "float32", "max_model_len": 1024, "seed": 0}
 
 
 class EnginePool:
@@ -51,11 +54,7 @@ class EnginePool:
         metrics of the engines before it (vllm/v1/metrics/loggers.py), so such an engine must
         be the newest one: an older one is rebuilt. ``adaptive=True``: with the adaptive
         draft-length controller (off by default in tests, see conftest.py)."""
-        from vllm import LLM
-
-        kwargs.setdefault("dtype", "float32")
-        kwargs.setdefault("max_model_len", 1024)
-        kwargs.setdefault("seed", 0)
+        kwargs = {**ENGINE_DEFAULTS, **kwargs}
         key = json.dumps({"model": model, "adaptive": adaptive, **kwargs}, sort_keys=True, default=str)
         if metrics and key in self._engines and key != self._newest:
             self._shutdown(key)
@@ -67,21 +66,7 @@ class EnginePool:
                 # one-off engines (test_tiny_architectures.py) pushed it out.
                 self._shutdown(min(self._engines, key=lambda k: (k not in self._metrics_keys,
                                                                   self._uses[k] > 1)))
-            # Engines share this process's metrics registry; a distinct served name labels
-            # each engine's counters (see `counters`).
-            self._created += 1
-            # The controller is chosen from the environment when the config is built.
-            saved = os.environ.get("SPECDEC_ADAPTIVE")
-            os.environ["SPECDEC_ADAPTIVE"] = "1" if adaptive else "0"
-            started = time.perf_counter()
-            try:
-                self._engines[key] = LLM(model=model, served_model_name=f"pool-{self._created}", **kwargs)
-                self.built.append((key, time.perf_counter() - started))
-            finally:
-                if saved is None:
-                    os.environ.pop("SPECDEC_ADAPTIVE")
-                else:
-                    os.environ["SPECDEC_ADAPTIVE"] = saved
+            self._engines[key] = self._build(key, model, adaptive, **kwargs)
             self._newest = key
             if metrics:
                 self._metrics_keys.add(key)
@@ -100,22 +85,10 @@ class EnginePool:
         engine of this process is built or shut down (see the class comment). Nothing else in
         the session can reuse it, so use it for configurations one test asks for. Its
         counters are read as a pool engine's (``counters``)."""
-        from vllm import LLM
-
-        from tests.environ import environ
-
-        kwargs.setdefault("dtype", "float32")
-        kwargs.setdefault("max_model_len", 1024)
-        kwargs.setdefault("seed", 0)
-        self._created += 1
-        started = time.perf_counter()
+        kwargs = {**ENGINE_DEFAULTS, **kwargs}
         key = json.dumps({"model": model, "adaptive": adaptive, "one_off": True, **kwargs},
                          sort_keys=True, default=str)
-        # The controller is chosen from the environment when the config is built.
-        with environ(SPECDEC_ADAPTIVE="1" if adaptive else "0",
-                     VLLM_ENABLE_V1_MULTIPROCESSING="0"):
-            llm = LLM(model=model, served_model_name=f"pool-{self._created}", **kwargs)
-        self.built.append((key, time.perf_counter() - started))
+        llm = self._build(key, model, adaptive, in_process=True, **kwargs)
         # Its Prometheus logger unregistered the pool's engines' metrics (see `get`).
         self._newest = None
         try:
@@ -124,6 +97,26 @@ class EnginePool:
             llm.llm_engine.engine_core.shutdown()
             del llm
             gc.collect()
+
+    def _build(self, key: str, model: str, adaptive: bool, in_process: bool = False, **kwargs):
+        """A new ``LLM``, timed for the end-of-run summary. ``in_process``: its engine core in
+        this process rather than one of its own."""
+        from vllm import LLM
+
+        from tests.environ import environ
+
+        # The controller is chosen from the environment when the config is built.
+        env = {"SPECDEC_ADAPTIVE": "1" if adaptive else "0"}
+        if in_process:
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # Engines share this process's metrics registry; a distinct served name labels each
+        # engine's counters (see `counters`).
+        self._created += 1
+        started = time.perf_counter()
+        with environ(**env):
+            llm = LLM(model=model, served_model_name=f"pool-{self._created}", **kwargs)
+        self.built.append((key, time.perf_counter() - started))
+        return llm
 
     def _shutdown(self, key: str) -> None:
         """Drop the engine. Its engine-core process takes about 3 s to exit after SIGTERM

@@ -33,8 +33,8 @@ def _draft_lengths(llm) -> dict[int, float]:
 
 
 def _run(engines, target, spec, one_at_a_time=False):
-    # Each configuration is this test's alone: built in this process, it starts in about half
-    # the time (EnginePool.one_off). Served engines, in processes of their own, are checked
+    # Each configuration is this test's alone: built in this process, it starts sooner
+    # (EnginePool.one_off). Served engines, in processes of their own, are checked
     # with the controller on in test_serve.py (n-gram, its draft-length metric included).
     with engines.one_off(target, adaptive=True, enable_prefix_caching=False,
                          disable_log_stats=False, speculative_config=spec) as llm:

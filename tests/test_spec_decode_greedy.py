@@ -99,8 +99,8 @@ def test_greedy_output_unchanged_by_speculation(engines, smollm2_path, method):
     config = dict(enable_prefix_caching=False, disable_log_stats=False,
                   speculative_config=spec_config(method, smollm2_path))
     # n-gram's engine is shared with other modules (the pool keeps it, in a process of its
-    # own, as users run it); the others are this test's alone and start in about half the
-    # time built in this process (EnginePool.one_off).
+    # own, as users run it); the others are this test's alone and start sooner built in this
+    # process (EnginePool.one_off).
     engine = (contextlib.nullcontext(engines.get(target, metrics=True, **config))
               if method in SHARED_ENGINES else engines.one_off(target, **config))
     with engine as llm:
