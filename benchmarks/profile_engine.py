@@ -57,6 +57,9 @@ def _args():
     p.add_argument("--engine", default="{}", help="extra LLM(...) arguments as JSON")
     p.add_argument("--device-only", action="store_true",
                    help="only the device-timeline pass (no host profiler, no cProfile)")
+    p.add_argument("--host-only", action="store_true",
+                   help="only the cProfile pass (no torch profiler): the Python host work of "
+                   "each function, to diff two engines with cprofile_diff.py")
     return p.parse_args()
 
 
@@ -121,6 +124,35 @@ def _gzip(path: str) -> None:
     os.remove(path)
 
 
+def _cprofile_pass(llm, requests, params, out: str) -> int:
+    """One generate under cProfile: the raw profile in OUT/cprofile.prof (callers and callees
+    of any function, and cprofile_diff.py's input), the top functions in OUT/cprofile.txt.
+    Returns the engine steps the call took (the diff's per-step divisor)."""
+    core = llm.llm_engine.engine_core.engine_core
+    steps = [0]
+    step = core.step_fn
+
+    def counted(*args, **kwargs):
+        outputs, executed = step(*args, **kwargs)
+        steps[0] += bool(executed)
+        return outputs, executed
+
+    core.step_fn = counted
+    profiler = cProfile.Profile()
+    profiler.enable()
+    llm.generate(requests, params, use_tqdm=False)
+    profiler.disable()
+    core.step_fn = step
+    profiler.dump_stats(os.path.join(out, "cprofile.prof"))
+    stream = io.StringIO()
+    stats = pstats.Stats(profiler, stream=stream)
+    stats.sort_stats("tottime").print_stats(45)
+    stats.sort_stats("cumulative").print_stats(70)
+    with open(os.path.join(out, "cprofile.txt"), "w") as f:
+        f.write(f"engine steps in the profiled call: {steps[0]}\n" + stream.getvalue())
+    return steps[0]
+
+
 def main() -> None:
     args = _args()
     os.makedirs(args.out, exist_ok=True)
@@ -156,6 +188,13 @@ def main() -> None:
         llm.generate(requests, params, use_tqdm=False)
         walls.append(time.perf_counter() - t)
     ms_per_token = [1000 * w / args.max_tokens for w in walls]
+    head = {"backend": args.backend, "method": args.method, "batch": args.batch,
+            "engine_start_s": round(start_s, 1), "ms_per_token_runs": ms_per_token,
+            "ms_per_token_median": statistics.median(ms_per_token)}
+    if args.host_only:
+        _write_summary(args.out, {**head, "cprofile_steps": _cprofile_pass(llm, requests, params,
+                                                                            args.out)})
+        return
 
     from torch.profiler import ProfilerActivity, profile
     from trace_steps import summarize_trace
@@ -169,10 +208,7 @@ def main() -> None:
     prof.export_chrome_trace(device_trace)
     device_timeline = summarize_trace(device_trace, args.max_tokens)
     _gzip(device_trace)
-    head = {"backend": args.backend, "method": args.method, "batch": args.batch,
-            "engine_start_s": round(start_s, 1), "ms_per_token_runs": ms_per_token,
-            "ms_per_token_median": statistics.median(ms_per_token),
-            "device_timeline": device_timeline}
+    head["device_timeline"] = device_timeline
     if args.device_only:
         _write_summary(args.out, head)
         return
@@ -192,26 +228,15 @@ def main() -> None:
     _gzip(trace)
     summary = _profiler_summary(prof)
 
-    profiler = cProfile.Profile()
-    profiler.enable()
-    llm.generate(requests, params, use_tqdm=False)
-    profiler.disable()
-    # The raw profile too: callers and callees of any function (pstats.Stats(path)).
-    profiler.dump_stats(os.path.join(args.out, "cprofile.prof"))
-    stream = io.StringIO()
-    stats = pstats.Stats(profiler, stream=stream)
-    stats.sort_stats("tottime").print_stats(45)
-    stats.sort_stats("cumulative").print_stats(70)
-    with open(os.path.join(args.out, "cprofile.txt"), "w") as f:
-        f.write(stream.getvalue())
-
+    steps = _cprofile_pass(llm, requests, params, args.out)
     _write_summary(args.out, {**head, "profiled_wall_ms": profiled_wall * 1000, **summary,
-                              "host_in_device_gaps": host_in_gaps})
+                              "host_in_device_gaps": host_in_gaps, "cprofile_steps": steps})
     print(json.dumps(host_in_gaps, indent=1))
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=40))
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=35))
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25))
-    print(stream.getvalue()[:12000])
+    with open(os.path.join(args.out, "cprofile.txt")) as f:
+        print(f.read()[:12000])
 
 
 if __name__ == "__main__":
