@@ -107,6 +107,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              require_active(s, id);
              s.add_tokens(id, data_of(tokens), size_of(tokens));
            })
+      // One call for a step's rows (each request's new tokens): every id is checked first, so
+      // an unknown one raises before any trie changes; then the tries grow without the GIL,
+      // beside the engine's other Python thread (a per-row call held it for each row).
+      .def("add_tokens_batch",
+           [](SuffixIndex& s, const std::vector<std::string>& ids,
+              const std::vector<std::vector<int32_t>>& tokens) {
+             if (ids.size() != tokens.size())
+               throw py::value_error("req_ids and tokens differ in length");
+             for (const std::string& id : ids) require_active(s, id);
+             py::gil_scoped_release no_gil;
+             for (size_t i = 0; i < ids.size(); ++i)
+               s.add_tokens(ids[i], tokens[i].data(), tokens[i].size());
+           },
+           py::arg("req_ids"), py::arg("tokens"))
       .def("stop_request",
            [](SuffixIndex& s, const std::string& id) {
              require_active(s, id);

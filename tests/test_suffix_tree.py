@@ -216,3 +216,36 @@ def test_microbenchmark_prints_timings(capsys):
             print(f"\n[suffix bench] {name}: add_tokens {t_add * 1e6:.1f} us/token, "
                   f"speculate {t_spec * 1e6:.1f} us/call (4k-token context, depth 24)")
     assert timings["cpp"][1] < timings["python"][1]
+
+
+def test_add_tokens_batch_equals_one_call_per_request():
+    """A step's rows in one call (the plain-step path of both suffix proposers) leave every
+    trie as one add_tokens call per request does: the same drafts from random streams."""
+    rng = random.Random()
+    one, batch = SuffixIndex(6, 2), SuffixIndex(6, 2)
+    ids = [f"r{i}" for i in range(rng.randint(3, 9))]
+    for rid in ids:
+        prompt = repetitive_token_stream(rng, rng.randint(1, 30), 5)
+        one.start_request(rid, prompt)
+        batch.start_request(rid, prompt)
+    for _ in range(40):
+        rows = rng.sample(ids, rng.randint(1, len(ids)))
+        chunks = [repetitive_token_stream(rng, rng.randint(1, 4), 5) for _ in rows]
+        for rid, chunk in zip(rows, chunks):
+            one.add_tokens(rid, chunk)
+        batch.add_tokens_batch(rows, chunks)
+        for rid in ids:
+            _same(one.speculate(rid, None, 5, max_spec_factor=4.0, min_token_prob=0.0),
+                  batch.speculate(rid, None, 5, max_spec_factor=4.0, min_token_prob=0.0), rid)
+    assert batch.check_invariants() == ""
+
+
+def test_add_tokens_batch_checks_every_id_before_changing_anything():
+    idx = SuffixIndex(4, 0)
+    idx.start_request("a", [1, 2, 3])
+    before = idx.speculate("a", None, 3, max_spec_factor=4.0, min_token_prob=0.0)
+    with pytest.raises(KeyError, match="nope"):
+        idx.add_tokens_batch(["a", "nope"], [[1, 2], [3]])
+    _same(before, idx.speculate("a", None, 3, max_spec_factor=4.0, min_token_prob=0.0), "a")
+    with pytest.raises(ValueError, match="differ in length"):
+        idx.add_tokens_batch(["a"], [[1], [2]])

@@ -38,6 +38,11 @@ class SpecDecSuffixProposer(SuffixDecodingProposer):
     def propose(self, num_speculative_tokens: int, input_batch, sampled_token_ids: list[list[int]],
                 slot_mappings=None) -> list[list[int]]:
         drafts: list[list[int]] = []
+        # A plain step (the adaptive controller's k = 0) only indexes: every row's tokens in
+        # one call after the loop (GIL released; each grows only its request's own trie).
+        plain = num_speculative_tokens <= 0
+        plain_ids: list[str] = []
+        plain_tokens: list[list[int]] = []
         for row, sampled in enumerate(sampled_token_ids):
             num_tokens = int(input_batch.num_tokens_no_spec[row])
             if not sampled or num_tokens >= self.max_model_len:
@@ -46,10 +51,12 @@ class SpecDecSuffixProposer(SuffixDecodingProposer):
             req_id = input_batch.req_ids[row]
             if not self.index.has_request(req_id):
                 self._start(req_id, row, input_batch, num_tokens, len(sampled))
-            self.index.add_tokens(req_id, sampled)
-            if num_speculative_tokens <= 0:  # the adaptive controller's plain step: index only
+            if plain:
+                plain_ids.append(req_id)
+                plain_tokens.append(sampled)
                 drafts.append([])
                 continue
+            self.index.add_tokens(req_id, sampled)
             start = max(0, num_tokens - self.max_tree_depth)
             draft = self.index.speculate(
                 req_id, input_batch.token_ids_cpu[row, start:num_tokens],
@@ -57,6 +64,8 @@ class SpecDecSuffixProposer(SuffixDecodingProposer):
                 max_spec_factor=self.max_spec_factor, min_token_prob=self.min_token_prob,
             )
             drafts.append(draft.token_ids)
+        if plain_ids:
+            self.index.add_tokens_batch(plain_ids, plain_tokens)
         # Requests that left the batch have finished: their output joins the global tree.
         for req_id in set(self.index.active_request_ids()) - input_batch.req_id_to_index.keys():
             self.index.stop_request(req_id)

@@ -60,6 +60,12 @@ class SuffixIndex:
         """Append generated tokens to the local trie and the pending response. KeyError if unknown."""
         self._impl.add_tokens(str(req_id), new_tokens)
 
+    def add_tokens_batch(self, req_ids: Sequence[str | int],
+                         tokens: Sequence[Sequence[int]]) -> None:
+        """``add_tokens`` for several requests in one call (a step's rows), the tries grown
+        with the GIL released. KeyError, before any change, if an id is unknown."""
+        self._impl.add_tokens_batch([str(r) for r in req_ids], tokens)
+
     def stop_request(self, req_id: str | int) -> None:
         """Drop the local trie and move the response (if any) into the global cache."""
         self._impl.stop_request(str(req_id))

@@ -106,6 +106,12 @@ class LazySuffixDrafts:
             self._last_token.pop(req_id, None)
         self._stops_after_drafts = rec.stops
         rows, counts = _accepted(np.asarray(rec.sampled), self.vocab_size)
+        drafting = reserved is not None and rec.k > 0
+        # Without drafts the rows' tokens go to the index in one call (GIL released) after the
+        # loop: they only grow each request's own trie, which nothing else in the loop reads
+        # (starts and stops change the global tree, in the same order as before).
+        batch_ids: list[str] = []
+        batch_tokens: list[list[int]] = []
         for row, req_id in enumerate(rec.req_ids):
             if row in rec.invalid_rows or not counts[row]:
                 continue
@@ -128,12 +134,18 @@ class LazySuffixDrafts:
             self._last_token[req_id] = tokens[-1]
             if num_tokens >= p.max_model_len:
                 continue  # as the synchronous proposer: neither indexed nor drafted at the cap
+            if not drafting:
+                batch_ids.append(req_id)
+                batch_tokens.append(tokens)
+                continue
             index.add_tokens(req_id, tokens)
-            if reserved is not None and rec.k > 0 and req_id in reserved:
+            if req_id in reserved:
                 draft = index.speculate(
                     req_id, None, max_spec_tokens=min(rec.k, p.max_model_len - num_tokens - 1),
                     max_spec_factor=p.max_spec_factor, min_token_prob=p.min_token_prob)
                 drafts[req_id] = draft.token_ids[:reserved[req_id]]
+        if batch_ids:
+            index.add_tokens_batch(batch_ids, batch_tokens)
         return drafts
 
     # ---- the next step verifies drafts ----
