@@ -28,6 +28,7 @@ from specdec_plugin.worker.kernel_warmup import (
     compile_spec_decode_kernels,
 )
 from specdec_plugin.worker.memory_accounting import reserve_attention_workspaces
+from specdec_plugin.worker.plain_step_bookkeeping import PlainStepBookkeepingMixin
 
 logger = init_logger(__name__)
 
@@ -49,8 +50,9 @@ def _compile_at_start(what: str, compile_fn, otherwise: str) -> None:
 
 
 # SuffixAsyncMixin before NgramTrimReportMixin: its trims ride on the output the latter tags.
-class SpecDecModelRunner(AdaptiveGraphsMixin, SuffixAsyncMixin, NgramTrimReportMixin,
-                         GPUModelRunner):
+# PlainStepBookkeepingMixin first: it reads the scheduler's output before any mixin trims it.
+class SpecDecModelRunner(PlainStepBookkeepingMixin, AdaptiveGraphsMixin, SuffixAsyncMixin,
+                         NgramTrimReportMixin, GPUModelRunner):
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
         spec = vllm_config.speculative_config
         if spec is not None and spec.use_ngram_gpu() and not current_platform.device.pin_memory:
