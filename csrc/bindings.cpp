@@ -96,6 +96,9 @@ py::list ngram_propose_batch(const py::array_t<int32_t>& token_ids,
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "specdec_plugin host-side C++ helpers (suffix decoding, n-gram lookup, CPU attention)";
 
+  py::class_<SuffixIndex::PreparedRequest, std::shared_ptr<SuffixIndex::PreparedRequest>>(
+      m, "PreparedSuffixRequest");
+
   py::class_<SuffixIndex>(m, "SuffixIndex")
       .def(py::init<int32_t, int32_t>(), py::arg("max_tree_depth"), py::arg("max_cached_requests"))
       .def("start_request",
@@ -121,6 +124,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                s.add_tokens(ids[i], tokens[i].data(), tokens[i].size());
            },
            py::arg("req_ids"), py::arg("tokens"))
+      .def("prepare_requests",
+           [](const SuffixIndex& s, const std::vector<std::vector<int32_t>>& prompts,
+              const std::vector<std::vector<int32_t>>& outputs, size_t threads) {
+             py::gil_scoped_release no_gil;  // the tries are built apart from every index
+             return s.prepare_requests(prompts, outputs, threads);
+           },
+           py::arg("prompts"), py::arg("outputs"), py::arg("threads"))
+      .def("start_prepared", &SuffixIndex::start_prepared, py::arg("req_id"),
+           py::arg("prepared"))
       .def("stop_request",
            [](SuffixIndex& s, const std::string& id) {
              require_active(s, id);

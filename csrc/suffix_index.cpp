@@ -7,7 +7,10 @@
 // prompt tail be continued from its very first decode step, while every
 // counted substring still ends inside [lead-in + response].
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <stdexcept>
+#include <thread>
 
 #include "suffix_tree.h"
 
@@ -34,6 +37,56 @@ void SuffixIndex::start_request(const std::string& req_id, const int32_t* prompt
   req->prompt_len = n;
   for (size_t i = 0; i < n; ++i) req->local.extend(req->cursor, prompt[i]);
   active_.emplace(req_id, std::move(req));
+}
+
+std::vector<std::shared_ptr<SuffixIndex::PreparedRequest>> SuffixIndex::prepare_requests(
+    const std::vector<std::vector<int32_t>>& prompts,
+    const std::vector<std::vector<int32_t>>& outputs, size_t threads) const {
+  if (prompts.size() != outputs.size())
+    throw std::invalid_argument("prompts and outputs differ in length");
+  const size_t n = prompts.size();
+  std::vector<std::shared_ptr<PreparedRequest>> out(n);
+  std::vector<std::exception_ptr> errors(n);
+  auto build = [&](size_t i) {
+    try {
+      auto req = std::make_unique<ActiveRequest>(max_tree_depth_);
+      req->cursor = req->local.start_stream();
+      req->tokens.reserve(prompts[i].size() + outputs[i].size());
+      req->tokens.assign(prompts[i].begin(), prompts[i].end());
+      req->tokens.insert(req->tokens.end(), outputs[i].begin(), outputs[i].end());
+      req->prompt_len = prompts[i].size();
+      for (int32_t token : req->tokens) req->local.extend(req->cursor, token);
+      out[i] = std::make_shared<PreparedRequest>();
+      out[i]->req = std::move(req);
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  };
+  threads = std::min(threads, n);
+  if (threads <= 1) {
+    for (size_t i = 0; i < n; ++i) build(i);
+  } else {
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i = next++; i < n; i = next++) build(i);
+    };
+    std::vector<std::thread> helpers;
+    helpers.reserve(threads - 1);
+    for (size_t t = 1; t < threads; ++t) helpers.emplace_back(work);
+    work();
+    for (std::thread& helper : helpers) helper.join();
+  }
+  for (const std::exception_ptr& error : errors)
+    if (error) std::rethrow_exception(error);
+  return out;
+}
+
+void SuffixIndex::start_prepared(const std::string& req_id, PreparedRequest& prepared) {
+  if (!prepared.req) throw std::invalid_argument("prepared request already started");
+  if (prepared.req->local.max_depth() != max_tree_depth_)
+    throw std::invalid_argument("prepared for an index of another depth");
+  if (active_.count(req_id)) throw std::invalid_argument("request already active: " + req_id);
+  active_.emplace(req_id, std::move(prepared.req));
 }
 
 void SuffixIndex::add_tokens(const std::string& req_id, const int32_t* tokens, size_t n) {

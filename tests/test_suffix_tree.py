@@ -249,3 +249,48 @@ def test_add_tokens_batch_checks_every_id_before_changing_anything():
     _same(before, idx.speculate("a", None, 3, max_spec_factor=4.0, min_token_prob=0.0), "a")
     with pytest.raises(ValueError, match="differ in length"):
         idx.add_tokens_batch(["a"], [[1], [2]])
+
+
+def test_prepared_requests_start_as_start_request_and_add_tokens():
+    """Tries built apart (several threads) and started in order equal start_request followed
+    by add_tokens of the output so far: the same drafts, from the request's own history and
+    from contexts through the global tree."""
+    rng = random.Random()
+    depth = rng.randint(2, 12)
+    one, prepared = SuffixIndex(depth, 3), SuffixIndex(depth, 3)
+    histories = {f"r{i}": (repetitive_token_stream(rng, rng.randint(0, 60), 6),
+                           repetitive_token_stream(rng, rng.randint(0, 8), 6))
+                 for i in range(rng.randint(3, 20))}
+    for rid, (prompt, output) in histories.items():
+        one.start_request(rid, prompt)
+        if output:
+            one.add_tokens(rid, output)
+    built = prepared.prepare_requests(list(histories.values()), threads=rng.randint(1, 4))
+    for rid, handle in zip(histories, built):
+        prepared.start_prepared(rid, handle)
+    assert prepared.check_invariants() == ""
+    for rid in histories:
+        _same(one.speculate(rid, None, 6, max_spec_factor=4.0, min_token_prob=0.0),
+              prepared.speculate(rid, None, 6, max_spec_factor=4.0, min_token_prob=0.0), rid)
+        context = repetitive_token_stream(rng, rng.randint(1, depth), 6)
+        _same(one.speculate(rid, context, 6, max_spec_factor=4.0, min_token_prob=0.0),
+              prepared.speculate(rid, context, 6, max_spec_factor=4.0, min_token_prob=0.0), rid)
+    for rid in histories:  # the responses join the global tree alike
+        one.stop_request(rid)
+        prepared.stop_request(rid)
+    assert one.cached_request_ids() == prepared.cached_request_ids()
+    assert one.global_num_nodes() == prepared.global_num_nodes()
+
+
+def test_prepared_request_starts_once_and_only_in_an_index_of_its_depth():
+    idx = SuffixIndex(4, 0)
+    first, second = idx.prepare_requests([([1, 2, 3], []), ([4, 5], [6])], threads=2)
+    idx.start_prepared("a", first)
+    with pytest.raises(ValueError, match="already started"):
+        idx.start_prepared("b", first)
+    with pytest.raises(ValueError, match="already active"):
+        idx.start_prepared("a", second)
+    with pytest.raises(ValueError, match="another depth"):
+        SuffixIndex(5, 0).start_prepared("c", second)
+    idx.start_prepared("c", second)
+    assert idx.num_active_requests() == 2

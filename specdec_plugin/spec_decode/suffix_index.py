@@ -16,6 +16,7 @@ back to the longest suffix of context + draft that has one. The draft with the h
 """
 from __future__ import annotations
 
+import os
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -23,6 +24,10 @@ import numpy as np
 from specdec_plugin.spec_decode._native import load_extension
 
 TokenIds = Sequence[int] | np.ndarray
+
+
+def _as_list(tokens: TokenIds) -> list[int]:
+    return tokens.tolist() if isinstance(tokens, np.ndarray) else list(tokens)
 
 
 class SuffixDraft(NamedTuple):
@@ -55,6 +60,23 @@ class SuffixIndex:
     def start_request(self, req_id: str | int, prompt_tokens: TokenIds) -> None:
         """Build the request's local trie from its prompt. ValueError if already active."""
         self._impl.start_request(str(req_id), prompt_tokens)
+
+    def prepare_requests(self, histories: Sequence[tuple[TokenIds, TokenIds]],
+                         threads: int | None = None) -> list:
+        """Local tries for requests about to start, built apart from the index (GIL released,
+        on up to ``threads`` threads; default: half the CPUs, at most 8), from each request's
+        ``(prompt, output so far)``. ``start_prepared`` then starts each, as ``start_request``
+        and ``add_tokens`` would have."""
+        if threads is None:
+            threads = max(1, min(8, (os.cpu_count() or 2) // 2))
+        prompts = [_as_list(prompt) for prompt, _ in histories]
+        outputs = [_as_list(output) for _, output in histories]
+        return self._impl.prepare_requests(prompts, outputs, threads)
+
+    def start_prepared(self, req_id: str | int, prepared) -> None:
+        """Start a request from its ``prepare_requests`` trie (each starts once). ValueError if
+        the id is already active."""
+        self._impl.start_prepared(str(req_id), prepared)
 
     def add_tokens(self, req_id: str | int, new_tokens: TokenIds) -> None:
         """Append generated tokens to the local trie and the pending response. KeyError if unknown."""

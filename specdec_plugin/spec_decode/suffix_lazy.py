@@ -112,6 +112,11 @@ class LazySuffixDrafts:
         # (starts and stops change the global tree, in the same order as before).
         batch_ids: list[str] = []
         batch_tokens: list[list[int]] = []
+        # The new requests' tries, built together first (on several threads, GIL released):
+        # building reads nothing of the index, and each is started below at its own row.
+        starting = list(rec.starts)
+        prepared = dict(zip(starting, index.prepare_requests(
+            [rec.starts[req_id] for req_id in starting]))) if starting else {}
         for row, req_id in enumerate(rec.req_ids):
             if row in rec.invalid_rows or not counts[row]:
                 continue
@@ -122,9 +127,7 @@ class LazySuffixDrafts:
                 if index.has_request(req_id):  # left and came back within one step
                     index.stop_request(req_id)
                 prompt, earlier = rec.starts[req_id]
-                index.start_request(req_id, prompt)
-                if earlier:
-                    index.add_tokens(req_id, earlier)
+                index.start_prepared(req_id, prepared[req_id])  # start_request + add_tokens
                 self._num_tokens[req_id] = len(prompt) + len(earlier)
             num_tokens = self._num_tokens.get(req_id)
             if num_tokens is None:
