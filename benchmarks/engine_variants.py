@@ -10,6 +10,8 @@ the method's engine started with the variant's environment (read where the engin
                      from what a variant's setting does (session 50: the second of two
                      engines ran every step 4-7% slower than the first, steps that draft
                      nothing included, in two leases)
+    full-bookkeeping vLLM's async speculative bookkeeping after steps that verified no drafts
+                     too (SPECDEC_LEAN_PLAIN_STEPS=0, worker/plain_step_bookkeeping.py)
 
 Used by bench_spec_cpu.py and bench_paired_plain.py.
 """
@@ -21,6 +23,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "observed": {"SPECDEC_ADAPTIVE_OBSERVED_COST": "1"},
     "probe-observed": {"SPECDEC_ADAPTIVE_PROBE_COST": "observed"},
     "again": {},
+    "full-bookkeeping": {"SPECDEC_LEAN_PLAIN_STEPS": "0"},
 }
 
 # Every variable a variant sets: a run that sets one for an engine restores them all after.

@@ -94,6 +94,10 @@
   ``ngram_match`` kernel over device-resident token histories, vLLM's ``ngram_gpu`` path, with
   async scheduling where the device has it), ``0`` on the host (our C++ index). Default: the
   device layer's choice (``DeviceLayer.ngram_on_device``: GPUs yes, the CPU no).
+- ``SPECDEC_LEAN_PLAIN_STEPS=0``: run all of vLLM's async speculative bookkeeping after a step
+  that verified no drafts too (the valid-token counts' host copy and the device correction of
+  computed tokens), instead of leaving out what has nothing to do there
+  (worker/plain_step_bookkeeping.py). Default on (left out).
 - ``SPECDEC_UNIFORM_DRAFTS=1``: pad the n-gram and suffix drafts of a step to the step's
   draft length with filler tokens (host proposers in the scheduler, the device n-gram path in
   the runner, which then neither trims nor waits for the match counts), so the verification
@@ -172,6 +176,10 @@ def kv_only_flush() -> bool:
 
 def recompute_drafter_block() -> bool:
     return os.environ.get("SPECDEC_RECOMPUTE_DRAFTER_BLOCK", "0").strip().lower() in _TRUE
+
+
+def lean_plain_steps() -> bool:
+    return os.environ.get("SPECDEC_LEAN_PLAIN_STEPS", "1").strip().lower() in _TRUE
 
 
 def uniform_drafts() -> bool:

@@ -109,3 +109,13 @@ def test_device_correction_dropped_only_when_no_row_verified_drafts():
     runner.drafts_last_step = {}
     runner._update_states(None)
     assert runner.valid_sampled_token_count_gpu is counts
+
+
+def test_switched_off_runs_vllms_bookkeeping_after_every_step(monkeypatch):
+    monkeypatch.setenv("SPECDEC_LEAN_PLAIN_STEPS", "0")
+    rows = int(np.random.default_rng().integers(2, 65))
+    runner = _Mixed(rows)
+    _, counts = _step(runner, {})
+    assert runner.host_copies == 1
+    runner._update_states(None)
+    assert runner.valid_sampled_token_count_gpu is counts

@@ -21,27 +21,34 @@ and have nothing to do after a step that verified no drafts:
   ``tests/test_plain_step_bookkeeping.py`` checks the equivalence on random batches.
 
 Steps that verify drafts (probes included) run vLLM's code unchanged. Without async
-speculative decoding (the CPU) neither method has work to skip.
+speculative decoding (the CPU) neither method has work to skip. ``SPECDEC_LEAN_PLAIN_STEPS=0``
+runs vLLM's code after every step (to time the two side by side, or as a way back).
 """
 from __future__ import annotations
+
+from specdec_plugin import envs
 
 
 class PlainStepBookkeepingMixin:
     # Whether the step being executed verifies drafts: True until a step says otherwise, so
     # that anything unforeseen keeps vLLM's path.
     _specdec_verifies_drafts: bool = True
+    _specdec_lean: bool | None = None  # SPECDEC_LEAN_PLAIN_STEPS, read at the first step
 
     def execute_model(self, scheduler_output, *args, **kwargs):
+        if self._specdec_lean is None:
+            self._specdec_lean = envs.lean_plain_steps()
         # The scheduler's reservation, before any trim (a trimmed-away draft still copies:
         # the safe side).
-        self._specdec_verifies_drafts = bool(scheduler_output.scheduled_spec_decode_tokens)
+        self._specdec_verifies_drafts = (not self._specdec_lean
+                                         or bool(scheduler_output.scheduled_spec_decode_tokens))
         return super().execute_model(scheduler_output, *args, **kwargs)
 
     def _update_states(self, scheduler_output, *args, **kwargs):
         result = super()._update_states(scheduler_output, *args, **kwargs)
         # prev_num_draft_tokens.np: the previous step's verified drafts per row, filled by
         # vLLM's _update_states just now (zeros, then each request with drafts).
-        if (getattr(self, "use_async_spec_decode", False)
+        if (self._specdec_lean and getattr(self, "use_async_spec_decode", False)
                 and self.valid_sampled_token_count_gpu is not None
                 and not self.prev_num_draft_tokens.np.any()):
             self.valid_sampled_token_count_gpu = None
