@@ -26,6 +26,13 @@ from specdec_plugin.spec_decode._native import load_extension
 TokenIds = Sequence[int] | np.ndarray
 
 
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the CPUs this process may run on
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1
+
+
 def _as_list(tokens: TokenIds) -> list[int]:
     return tokens.tolist() if isinstance(tokens, np.ndarray) else list(tokens)
 
@@ -68,7 +75,7 @@ class SuffixIndex:
         ``(prompt, output so far)``. ``start_prepared`` then starts each, as ``start_request``
         and ``add_tokens`` would have."""
         if threads is None:
-            threads = max(1, min(8, (os.cpu_count() or 2) // 2))
+            threads = max(1, min(8, _usable_cpus() // 2))
         prompts = [_as_list(prompt) for prompt, _ in histories]
         outputs = [_as_list(output) for _, output in histories]
         return self._impl.prepare_requests(prompts, outputs, threads)
