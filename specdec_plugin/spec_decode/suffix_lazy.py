@@ -19,6 +19,11 @@ applied to the index in order:
   the same ``speculate`` arguments. Drafts are therefore the synchronous proposer's, global
   tree included (tests/test_suffix_async.py).
 
+Two things are done in bulk without changing that order: the tries of a record's new requests
+are built together first, on several threads without the GIL (``prepare_requests``: a trie is
+its own request's, nothing else reads it until its row starts it), and a record that drafts
+nothing indexes all its rows' tokens in one call at the end (each grows only its own trie).
+
 The record keeps the host tensor vLLM's async output copies into (a fresh pinned tensor per
 step on a GPU; on the CPU the sampler's own output, also fresh per step).
 """
