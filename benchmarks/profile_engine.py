@@ -19,6 +19,10 @@ see the scheduler, the model runner, the drafter and every kernel launch. Prints
 
     python benchmarks/profile_engine.py --backend ours --method eagle --batch 1 --out DIR
 
+``--host-only`` runs the cProfile pass alone (no torch profiler, no vLLM profiling ranges) and
+records the profiled call's engine steps: ``cprofile_diff.py DIR_A DIR_B`` then says, per
+step, which Python functions one engine spends more host time in than another.
+
 Uses the random 7.24B Llama of the side-by-side benchmark (benchmarks/gpu_models.py) with
 synthetic acceptance, or with ``--setup smollm2-padded --small-target DIR --workloads prose``
 SmolLM2 padded to 7B on one real workload (real acceptance: n-gram's uneven draft lengths).
@@ -157,7 +161,8 @@ def main() -> None:
     args = _args()
     os.makedirs(args.out, exist_ok=True)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CUSTOM_SCOPES_FOR_PROFILING", "1")  # runner phases as ranges
+    if not args.host_only:  # runner phases as ranges (in the cProfile pass, only overhead)
+        os.environ.setdefault("VLLM_CUSTOM_SCOPES_FOR_PROFILING", "1")
     if args.backend == "native":
         os.environ["VLLM_PLUGINS"] = ""
     import torch
