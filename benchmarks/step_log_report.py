@@ -23,6 +23,12 @@ for every process of a host). A method whose steps that draft nothing run slower
 plain engine's in the same minutes was slowed by something other than drafting: session 49's
 EAGLE with the measured probe price ran every step 4% slow beside another job's engine start,
 read by hand this way.
+
+``--run-starts N`` (with ``--beside PLAIN.jsonl`` or alone): the host time (``exec`` +
+``sample`` + ``draft``) of each run's first N steps, median over runs, per step position and
+summed. Session 51 found suffix and the draft model at batch 64 within 1.1-1.6% of plain
+decoding in their decode steps and still 3% slower per run: about 15 ms sat in each run's
+first steps (the prefill, then the probe step, where suffix built 64 requests' tries).
 """
 from __future__ import annotations
 
@@ -164,6 +170,24 @@ def beside(events: list[dict], other: list[dict], gap_s: float = 0.15) -> dict:
             "ratio": round(this_period / that_period, 4)}
 
 
+def run_starts(events: list[dict], first: int, gap_s: float = 0.15) -> dict:
+    """Host ms of each run's first ``first`` steps (an ``exec`` and the calls after it up to
+    the next), median over the runs that have that many steps: per step position and summed."""
+    per_run = []
+    for run in split_runs(events, gap_s):
+        steps = _steps(run)[:first]
+        if len(steps) == first:
+            per_run.append([s["exec"]["ms"] + sum(e["ms"] for e in s["calls"]
+                                                   if e["kind"] in HOST_CALLS and "ms" in e)
+                            for s in steps])
+    if not per_run:
+        return {"runs": 0}
+    return {"runs": len(per_run),
+            "host_ms_by_step": [round(median(run[i] for run in per_run), 3)
+                                for i in range(first)],
+            "host_ms_sum": round(median(sum(run) for run in per_run), 3)}
+
+
 def summarise(events: list[dict], top: int = 8, gap_s: float = 0.15) -> dict:
     runs = split_runs(events, gap_s)
     return {
@@ -193,12 +217,23 @@ def main() -> None:
     parser.add_argument("--beside", metavar="OTHER_LOG",
                         help="with --by-kind: also the decode-step period of another engine's "
                              "log on the same host over this log's span, and the ratio")
+    parser.add_argument("--run-starts", type=int, metavar="N",
+                        help="host ms of each run's first N steps (median over runs); with "
+                             "--beside, the other log's runs in this log's span too")
     args = parser.parse_args()
-    if args.beside and not args.by_kind:
-        parser.error("--beside goes with --by-kind")
+    if args.beside and not (args.by_kind or args.run_starts):
+        parser.error("--beside goes with --by-kind or --run-starts")
     events = load(args.log)
     if not events:
         print("empty log")
+        return
+    if args.run_starts:
+        report = {"this": run_starts(events, args.run_starts, args.gap_s)}
+        if args.beside:
+            start, end = events[0]["t"], events[-1]["t"]
+            window = [e for e in load(args.beside) if start <= e["t"] <= end]
+            report["beside"] = run_starts(window, args.run_starts, args.gap_s)
+        print(json.dumps(report, indent=1))
         return
     if args.by_kind:
         report = by_kind(events, args.gap_s)

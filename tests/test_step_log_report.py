@@ -124,3 +124,31 @@ def test_beside_compares_step_periods_within_this_logs_span():
     # Nothing of the other engine's in the span: no ratio, not a made-up one.
     empty = report_module.beside(method, other[:100])
     assert empty["ratio"] is None and empty["beside"] is None
+
+
+def test_run_starts_reads_the_first_steps_host_time_of_every_run():
+    """``--run-starts N``: each run's first N steps' host time (exec and the calls after it),
+    median over runs per position; runs shorter than N do not count."""
+    report_module = load_benchmark("step_log_report")
+    rng = random.Random()
+    first = rng.randint(2, 5)
+    start_ms = [rng.uniform(5.0, 40.0) for _ in range(first)]  # each position's cost
+    lines, t = [], 100.0
+    runs = rng.randint(3, 7)
+    for run in range(runs):
+        for step in range(rng.randint(first + 1, 30)):
+            ms = start_ms[step] if step < first else rng.uniform(1.0, 3.0)
+            t += ms / 1e3
+            lines.append({"t": t, "kind": "exec", "ms": ms, "tokens": 64})
+            t += 0.0005
+            lines.append({"t": t, "kind": "sample", "ms": 0.5})
+        t += 1.0  # idle between runs
+    # A run too short to count.
+    lines.append({"t": t, "kind": "exec", "ms": 99.0, "tokens": 64})
+
+    report = report_module.run_starts(lines, first)
+
+    assert report["runs"] == runs
+    assert report["host_ms_by_step"] == [round(ms + 0.5, 3) for ms in start_ms]
+    assert abs(report["host_ms_sum"] - sum(start_ms) - 0.5 * first) < 1e-3  # rounded to us
+    assert report_module.run_starts(lines[:0], first) == {"runs": 0}
