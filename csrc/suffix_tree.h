@@ -112,7 +112,8 @@ class SuffixIndex {
   struct PreparedRequest {
     std::unique_ptr<ActiveRequest> req;  // null once started
   };
-  // out[i] from prompts[i] followed by outputs[i]; threads <= 1: on the calling thread.
+  // out[i] from prompts[i] followed by outputs[i], on at most `threads` threads and one per
+  // 1,024 tokens (threads <= 1: on the calling thread).
   // Reads only the index's depth, so it may run while nothing else uses the index.
   std::vector<std::shared_ptr<PreparedRequest>> prepare_requests(
       const std::vector<std::vector<int32_t>>& prompts,

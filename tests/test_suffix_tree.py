@@ -258,14 +258,15 @@ def test_prepared_requests_start_as_start_request_and_add_tokens():
     rng = random.Random()
     depth = rng.randint(2, 12)
     one, prepared = SuffixIndex(depth, 3), SuffixIndex(depth, 3)
-    histories = {f"r{i}": (repetitive_token_stream(rng, rng.randint(0, 60), 6),
+    # Up to about 8,000 tokens: several threads (one per 1,024 tokens) share the building.
+    histories = {f"r{i}": (repetitive_token_stream(rng, rng.randint(0, 400), 6),
                            repetitive_token_stream(rng, rng.randint(0, 8), 6))
                  for i in range(rng.randint(3, 20))}
     for rid, (prompt, output) in histories.items():
         one.start_request(rid, prompt)
         if output:
             one.add_tokens(rid, output)
-    built = prepared.prepare_requests(list(histories.values()), threads=rng.randint(1, 4))
+    built = prepared.prepare_requests(list(histories.values()), threads=rng.randint(2, 8))
     for rid, handle in zip(histories, built):
         prepared.start_prepared(rid, handle)
     assert prepared.check_invariants() == ""
