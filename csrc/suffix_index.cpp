@@ -29,14 +29,21 @@ SuffixIndex::ActiveRequest& SuffixIndex::active(const std::string& req_id) {
   return *it->second;
 }
 
-void SuffixIndex::start_request(const std::string& req_id, const int32_t* prompt, size_t n) {
-  if (active_.count(req_id)) throw std::invalid_argument("request already active: " + req_id);
+std::unique_ptr<SuffixIndex::ActiveRequest> SuffixIndex::new_request(
+    const int32_t* prompt, size_t n, const int32_t* output, size_t m) const {
   auto req = std::make_unique<ActiveRequest>(max_tree_depth_);
   req->cursor = req->local.start_stream();
+  req->tokens.reserve(n + m);
   req->tokens.assign(prompt, prompt + n);
+  req->tokens.insert(req->tokens.end(), output, output + m);
   req->prompt_len = n;
-  for (size_t i = 0; i < n; ++i) req->local.extend(req->cursor, prompt[i]);
-  active_.emplace(req_id, std::move(req));
+  for (int32_t token : req->tokens) req->local.extend(req->cursor, token);
+  return req;
+}
+
+void SuffixIndex::start_request(const std::string& req_id, const int32_t* prompt, size_t n) {
+  if (active_.count(req_id)) throw std::invalid_argument("request already active: " + req_id);
+  active_.emplace(req_id, new_request(prompt, n, nullptr, 0));
 }
 
 std::vector<std::shared_ptr<SuffixIndex::PreparedRequest>> SuffixIndex::prepare_requests(
@@ -49,15 +56,9 @@ std::vector<std::shared_ptr<SuffixIndex::PreparedRequest>> SuffixIndex::prepare_
   std::vector<std::exception_ptr> errors(n);
   auto build = [&](size_t i) {
     try {
-      auto req = std::make_unique<ActiveRequest>(max_tree_depth_);
-      req->cursor = req->local.start_stream();
-      req->tokens.reserve(prompts[i].size() + outputs[i].size());
-      req->tokens.assign(prompts[i].begin(), prompts[i].end());
-      req->tokens.insert(req->tokens.end(), outputs[i].begin(), outputs[i].end());
-      req->prompt_len = prompts[i].size();
-      for (int32_t token : req->tokens) req->local.extend(req->cursor, token);
       out[i] = std::make_shared<PreparedRequest>();
-      out[i]->req = std::move(req);
+      out[i]->req = new_request(prompts[i].data(), prompts[i].size(), outputs[i].data(),
+                                outputs[i].size());
     } catch (...) {
       errors[i] = std::current_exception();
     }

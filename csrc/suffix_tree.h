@@ -156,6 +156,10 @@ class SuffixIndex {
   };
 
   ActiveRequest& active(const std::string& req_id);
+  // A request's trie over prompt then output (start_request's and prepare_requests' one
+  // way of building it); reads only the depth.
+  std::unique_ptr<ActiveRequest> new_request(const int32_t* prompt, size_t n,
+                                             const int32_t* output, size_t m) const;
 
   int32_t max_tree_depth_;
   int32_t max_cached_requests_;
