@@ -40,22 +40,22 @@ class PlainStepBookkeepingMixin:
             self._specdec_lean = envs.lean_plain_steps()
         # The scheduler's reservation, before any trim (a trimmed-away draft still copies:
         # the safe side).
-        self._specdec_verifies_drafts = (not self._specdec_lean
-                                         or bool(scheduler_output.scheduled_spec_decode_tokens))
+        self._specdec_verifies_drafts = bool(scheduler_output.scheduled_spec_decode_tokens)
         return super().execute_model(scheduler_output, *args, **kwargs)
 
     def _update_states(self, scheduler_output, *args, **kwargs):
         result = super()._update_states(scheduler_output, *args, **kwargs)
         # prev_num_draft_tokens.np: the previous step's verified drafts per row, filled by
         # vLLM's _update_states just now (zeros, then each request with drafts).
-        if (self._specdec_lean and getattr(self, "use_async_spec_decode", False)
+        if (self._specdec_lean and self.use_async_spec_decode
                 and self.valid_sampled_token_count_gpu is not None
                 and not self.prev_num_draft_tokens.np.any()):
             self.valid_sampled_token_count_gpu = None
         return result
 
     def _copy_valid_sampled_token_count(self, next_token_ids, valid_sampled_tokens_count):
-        if self._specdec_verifies_drafts or self.valid_sampled_token_count_event is None:
+        if (not self._specdec_lean or self._specdec_verifies_drafts
+                or self.valid_sampled_token_count_event is None):
             return super()._copy_valid_sampled_token_count(next_token_ids,
                                                            valid_sampled_tokens_count)
         # vLLM's method less the host copy and its event (gpu_model_runner.py:4891-4911).
