@@ -155,12 +155,18 @@ def by_kind(events: list[dict], gap_s: float = 0.15) -> dict:
     return report
 
 
+def within_span(events: list[dict], other: list[dict]) -> list[dict]:
+    """``other``'s events (another engine's log on the same host) within the span of
+    ``events``."""
+    start, end = events[0]["t"], events[-1]["t"]
+    return [e for e in other if start <= e["t"] <= end]
+
+
 def beside(events: list[dict], other: list[dict], gap_s: float = 0.15) -> dict:
     """The decode-step period of ``events`` and of ``other`` (another engine's log on the same
     host) within the span of ``events``: medians, and their ratio."""
     start, end = events[0]["t"], events[-1]["t"]
-    window = [e for e in other if start <= e["t"] <= end]
-    mine, theirs = by_kind(events, gap_s), by_kind(window, gap_s)
+    mine, theirs = by_kind(events, gap_s), by_kind(within_span(events, other), gap_s)
     if not mine or not theirs:
         return {"this": mine or None, "beside": theirs or None, "ratio": None}
     this_period, that_period = mine["period_median_ms"], theirs["period_median_ms"]
@@ -230,9 +236,8 @@ def main() -> None:
     if args.run_starts:
         report = {"this": run_starts(events, args.run_starts, args.gap_s)}
         if args.beside:
-            start, end = events[0]["t"], events[-1]["t"]
-            window = [e for e in load(args.beside) if start <= e["t"] <= end]
-            report["beside"] = run_starts(window, args.run_starts, args.gap_s)
+            report["beside"] = run_starts(within_span(events, load(args.beside)),
+                                          args.run_starts, args.gap_s)
         print(json.dumps(report, indent=1))
         return
     if args.by_kind:
