@@ -12,10 +12,18 @@ the method's engine started with the variant's environment (read where the engin
                      nothing included, in two leases)
     full-bookkeeping vLLM's async speculative bookkeeping after steps that verified no drafts
                      too (SPECDEC_LEAN_PLAIN_STEPS=0, worker/plain_step_bookkeeping.py)
+    step-log         the default with SPECDEC_STEP_LOG on (one file per engine process under
+                     the temporary directory's specdec_step_logs/): what the diagnostic log
+                     itself costs. Session 52: n-gram at batch 1 read 1.024 of plain decoding
+                     with step logs in both engines and 1.008 without, in two leases; this
+                     variant puts the two in one run
 
 Used by bench_spec_cpu.py and bench_paired_plain.py.
 """
 from __future__ import annotations
+
+import os
+import tempfile
 
 VARIANTS: dict[str, dict[str, str]] = {
     "": {},
@@ -24,6 +32,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "probe-observed": {"SPECDEC_ADAPTIVE_PROBE_COST": "observed"},
     "again": {},
     "full-bookkeeping": {"SPECDEC_LEAN_PLAIN_STEPS": "0"},
+    "step-log": {"SPECDEC_STEP_LOG": os.path.join(tempfile.gettempdir(), "specdec_step_logs",
+                                                  "variant_{pid}.jsonl")},
 }
 
 # Every variable a variant sets: a run that sets one for an engine restores them all after.

@@ -17,6 +17,13 @@ Host times only: under async scheduling a call returns once its work is queued, 
 ``exec`` is the host stalling, and a long gap between ``result`` events with short calls
 is the device (or a wait on it).
 
+Cost: an event is about 5-7 us of host time on the calling thread (JSON encoding and a
+line-buffered write), and a speculative engine writes 4-5 a step where plain decoding writes
+2. On the H200 at batch 1 (session 52, random 7.24B Llama, every draft rejected) n-gram read
+1.024 of plain decoding's ms/token with the log on in both engines and 1.008 without it (two
+leases, not one run): time a bar with the log off, and take logs in runs of their own or
+with the benchmarks' ``step-log`` variant beside the default (benchmarks/engine_variants.py).
+
 Where: engine-core processes (scheduler and single-process workers share one). The path may
 hold ``{pid}``, replaced by the process id, so that several engines can log side by side.
 Off unless the variable is set; when off, ``record`` returns at its first test.

@@ -21,6 +21,9 @@ def test_a_method_name_splits_into_method_and_environment(variants):
     assert variants.split_method("draft_model:static") == ("draft_model", {"SPECDEC_ADAPTIVE": "0"})
     # The default once more, under a name of its own (a second engine in the same run).
     assert variants.split_method("eagle:again") == ("eagle", {})
+    method, env = variants.split_method("ngram:step-log")
+    # One file per engine process: step_log.py replaces {pid}.
+    assert method == "ngram" and env["SPECDEC_STEP_LOG"].endswith("{pid}.jsonl")
     with pytest.raises(ValueError, match="'often'.*static"):
         variants.split_method("ngram:often")
 
