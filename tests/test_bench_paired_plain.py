@@ -32,6 +32,22 @@ def test_paired_ratios_are_run_by_run(paired):
     assert min(ratios) <= low <= got["paired_ratio"] <= high <= max(ratios)
 
 
+def test_decode_pairing_pairs_the_decode_figures_run_by_run(paired):
+    rng = random.Random()
+    n = rng.randrange(1, 9)
+    plain = [rng.uniform(4.0, 6.0) for _ in range(n)]
+    method = [rng.uniform(4.0, 6.0) for _ in range(n)]
+    got = paired.decode_pairing(method, plain)
+    ratios = [m / p for m, p in zip(method, plain)]
+    assert got["decode_paired_ratio"] == pytest.approx(statistics.median(ratios))
+    low, high = got["decode_paired_ratio_ci95"]
+    assert min(ratios) <= low <= got["decode_paired_ratio"] <= high <= max(ratios)
+    # A run without a decode figure (no timestamps) leaves the pairing out.
+    gap = rng.randrange(n)
+    assert paired.decode_pairing(method, plain[:gap] + [None] + plain[gap + 1:]) == {}
+    assert paired.decode_pairing(method[:gap] + [None] + method[gap + 1:], plain) == {}
+
+
 def test_bootstrap_interval_narrows_with_agreeing_pairs(paired):
     rng = random.Random()
     centre = rng.uniform(0.9, 1.1)
@@ -81,6 +97,9 @@ def test_time_pair_on_real_engines(paired, engines, smollm2_path, monkeypatch):
     assert len(cell["plain"]["walls_s"]) == len(cell["speculative"]["walls_s"]) == repeats
     assert cell["paired_ratios"] == pytest.approx(
         [m / p for m, p in zip(cell["speculative"]["walls_s"], cell["plain"]["walls_s"])])
+    # This plain engine keeps no timestamps (log stats off), so no decode pairing.
+    assert "decode_ms_per_token_runs" not in cell["plain"] and "decode_paired_ratio" not in cell
+    assert len(cell["speculative"]["decode_ms_per_token_runs"]) == repeats
     assert cell["requests"] == batch
     assert cell["equal_outputs"] == batch  # fp32 greedy: speculation changes nothing
     spec = cell["speculative"]["spec"]
