@@ -110,6 +110,36 @@ def test_controller_drafts_k_when_every_draft_lands(engines, smollm2_path):
     assert drafts >= len(PROMPTS) * ((MAX_TOKENS - 1) // (K + 1) - 1), delta
 
 
+def test_a_user_batch_size_schedule_wins_over_the_controller(engines, smollm2_path):
+    """vLLM's own ``num_speculative_tokens_per_batch_size`` still works with the plugin: the
+    controller steps aside (issue 11) and the engine drafts what the schedule says for each
+    batch size, losslessly."""
+    from specdec_plugin.adaptive.config import adaptive_enabled
+
+    # Up to 2 draft tokens for one request alone, none for two or more (K = 3 otherwise).
+    schedule = [[1, 1, 2], [2, 64, 0]]
+    spec = {**spec_config("ngram", smollm2_path), "num_speculative_tokens_per_batch_size": schedule}
+    with engines.one_off(smollm2_path, adaptive=True, enable_prefix_caching=False,
+                         disable_log_stats=False, speculative_config=spec) as llm:
+        assert not adaptive_enabled(llm.llm_engine.vllm_config)
+        before, lengths_before = counters(llm), _draft_lengths(llm)
+        together = _greedy(llm)  # every request in every step: a batch of len(PROMPTS)
+        middle, lengths_middle = counters(llm), _draft_lengths(llm)
+        alone = [out for prompt in PROMPTS for out in _greedy(llm, [prompt])]
+        after, lengths_after = counters(llm), _draft_lengths(llm)
+    baseline = engines.plain_greedy(smollm2_path, PROMPTS, MAX_TOKENS)
+    assert together == baseline and alone == baseline
+    drafts = "vllm:spec_decode_num_drafts"
+    assert counter_delta(before, middle, drafts) == 0
+    # PROMPTS hold self-repeating text, so n-gram drafts there at batch 1 (not a vacuous 0).
+    assert counter_delta(middle, after, drafts) > 0
+    lengths = {k: v - lengths_middle.get(k, 0) for k, v in lengths_after.items()
+               if v - lengths_middle.get(k, 0)}
+    assert lengths and max(lengths) <= 2, lengths
+    assert all(v == lengths_before.get(k, 0) for k, v in lengths_middle.items() if k > 0), \
+        (lengths_before, lengths_middle)
+
+
 def test_step_times_reach_the_controller(smollm2_path, monkeypatch):
     # The engine in this process, to read its scheduler's controller; n-gram on the host index
     # (synchronous scheduling on the CPU). The wiring of adaptive/step_timing.py: which steps
