@@ -341,6 +341,42 @@ def test_the_protect_switch(monkeypatch):
             envs.adaptive_protect()
 
 
+def test_the_controller_says_at_info_why_it_is_off(monkeypatch, caplog):
+    """Each way a user turns the controller off leaves vLLM's scheduler in place and says so,
+    with the reason, at INFO where the config is built (README: "Adaptive drafting")."""
+    from types import SimpleNamespace
+
+    from specdec_plugin.adaptive.config import apply_adaptive
+
+    def config(schedule=None):
+        return SimpleNamespace(
+            speculative_config=SimpleNamespace(num_speculative_tokens=K, method="eagle3",
+                                               num_speculative_tokens_per_batch_size=schedule,
+                                               parallel_drafting=False),
+            parallel_config=SimpleNamespace(data_parallel_size=1),
+            scheduler_config=SimpleNamespace(scheduler_cls=None, async_scheduling=True))
+
+    cases = [("1", [[1, 4, 2], [5, 64, 0]], "num_speculative_tokens_per_batch_size is set"),
+             ("0", None, "SPECDEC_ADAPTIVE=0")]
+    for switch, schedule, reason in cases:
+        monkeypatch.setenv("SPECDEC_ADAPTIVE", switch)
+        off = config(schedule)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="specdec_plugin.adaptive.config"):
+            apply_adaptive(off)
+        assert off.scheduler_config.scheduler_cls is None
+        said = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+        assert f"specdec_plugin: adaptive drafting off ({reason})" in said, said
+    # And on, for contrast: no such line.
+    monkeypatch.setenv("SPECDEC_ADAPTIVE", "1")
+    on = config()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="specdec_plugin.adaptive.config"):
+        apply_adaptive(on)
+    assert on.scheduler_config.scheduler_cls.endswith("AdaptiveAsyncScheduler")
+    assert not [r for r in caplog.records if "adaptive drafting off" in r.getMessage()]
+
+
 def test_a_bad_controller_setting_fails_where_the_config_is_built(monkeypatch):
     from types import SimpleNamespace
 
