@@ -111,6 +111,27 @@ def test_the_controller_once_off_resumes_only_for_a_clear_gain():
     assert on.choose(ids) == 1  # drafting already: the marginal gain keeps it on
 
 
+def test_the_controller_logs_each_change_of_regime_once_at_info(caplog):
+    """Issue 11: the chosen draft length shows at INFO when it changes regime (drafting on,
+    drafting off), not at every step, and probes are no change of regime."""
+    ids = [f"r{i}" for i in range(4)]
+    c = DraftLengthController(K, GPU_LIKE, learn_costs=False)
+    chosen = []
+    with caplog.at_level("INFO", logger="specdec_plugin.adaptive.controller"):
+        for step in range(80):
+            k = c.choose(ids)
+            chosen.append(k)
+            for r in ids:  # every draft lands for 20 steps, then none does
+                c.observe(r, k, k if step < 20 else 0)
+            c.tracker.end_step()
+    regimes = [r.getMessage().split(":")[1].strip() for r in caplog.records
+               if r.levelname == "INFO" and "adaptive drafting" in r.getMessage()]
+    assert [line.split()[2] for line in regimes] == ["on", "off"], (regimes, chosen)
+    assert chosen[:20] == [K] * 20 and chosen[-1] == 0
+    # Probes after the switch off (one-token drafts) did not log a regime of their own.
+    assert any(0 < k < K for k in chosen[20:]), chosen
+
+
 def test_protection_bars_lengths_that_slow_the_least_accepting_requests():
     # Half the batch accepts everything, half nothing: at batch 64 a 4-token verification is
     # 320 tokens and costs 1.5x a plain step (GPU_LIKE), which the batch's average pays for.
