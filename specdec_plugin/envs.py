@@ -126,7 +126,8 @@
   kernel compile again while serving. Default off.
 - ``SPECDEC_STEP_LOG=PATH``: write a JSON line per engine-step event (scheduler, runner,
   drafter; host clock) to PATH, ``{pid}`` replaced by the process id (step_log.py): to
-  find which steps of a slow run stalled and what they did. Default off.
+  find which steps of a slow run stalled and what they did. The events are held in memory
+  and written when the engine process exits. Default off.
 - ``SPECDEC_CACHE_DIR``: where ``specdec-models`` keeps checkpoints (default
   ``~/.cache/specdec_plugin/models``).
 """

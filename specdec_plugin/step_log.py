@@ -17,12 +17,18 @@ Host times only: under async scheduling a call returns once its work is queued, 
 ``exec`` is the host stalling, and a long gap between ``result`` events with short calls
 is the device (or a wait on it).
 
-Cost: an event is about 5-7 us of host time on the calling thread (JSON encoding and a
-line-buffered write), and a speculative engine writes 4-5 a step where plain decoding writes
-2. On the H200 at batch 1 (session 52, random 7.24B Llama, every draft rejected) n-gram read
-1.024 of plain decoding's ms/token with the log on in both engines and 1.008 without it (two
-leases, not one run): time a bar with the log off, and take logs in runs of their own or
-with the benchmarks' ``step-log`` variant beside the default (benchmarks/engine_variants.py).
+Cost: writing an event as it happens (JSON encoding and a line-buffered write) took about
+6 us of host time on the calling thread, and a speculative engine records 4-5 events a step
+where plain decoding records 2. On the H200 at batch 1 (session 52, random 7.24B Llama,
+every draft rejected) n-gram read 1.024 of plain decoding's ms/token with the log on in both
+engines and 1.008 without it (two leases, not one run). So an event is now only appended
+to a list in memory (under 1 us) and the events are written when the process exits, or
+``HELD_EVENTS`` at a time once that many are held (a pause of about a second, every few
+minutes of a busy engine). A process that is killed (SIGKILL) loses the events it held;
+engines that shut down (``LLM`` going away, ``vllm serve`` stopped with Ctrl-C or SIGTERM)
+write theirs. ``flush()`` writes them at once (tests). Time a bar with the log off
+all the same, or with the benchmarks' ``step-log`` variant beside the default
+(benchmarks/engine_variants.py).
 
 Where: engine-core processes (scheduler and single-process workers share one). The path may
 hold ``{pid}``, replaced by the process id, so that several engines can log side by side.
@@ -31,13 +37,18 @@ Off unless the variable is set; when off, ``record`` returns at its first test.
 from __future__ import annotations
 
 import json
+import multiprocessing.util
 import os
 import time
 
 from specdec_plugin import envs
 
+# Events held in memory before they are written (about 200 bytes each as tuples).
+HELD_EVENTS = 200_000
+
 _file = None
 _path_checked = False
+_events: list[tuple[float, str, dict]] = []
 
 
 def _open():
@@ -47,8 +58,12 @@ def _open():
     if path:
         path = path.replace("{pid}", str(os.getpid()))
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        # Line-buffered: an engine may be killed at shutdown, and a buffered tail would be lost.
-        _file = open(path, "a", buffering=1)
+        _file = open(path, "a")
+        # Write what is held when this process exits. A multiprocessing finalizer runs both
+        # where the interpreter exits normally (multiprocessing registers them with atexit)
+        # and in an engine-core process that multiprocessing started, fork or spawn, once
+        # its target returns (Process._bootstrap), where a forked child's atexit never does.
+        multiprocessing.util.Finalize(None, flush, exitpriority=100)
     return _file
 
 
@@ -57,16 +72,31 @@ def enabled() -> bool:
 
 
 def record(kind: str, **fields) -> None:
-    """One event; ``fields`` must be JSON-serialisable."""
+    """One event; ``fields`` must be JSON-serialisable (checked when written)."""
     f = _file if _path_checked else _open()
     if f is None:
         return
-    f.write(json.dumps({"t": round(time.perf_counter(), 6), "kind": kind, **fields}) + "\n")
+    _events.append((time.perf_counter(), kind, fields))
+    if len(_events) >= HELD_EVENTS:
+        flush()
+
+
+def flush() -> None:
+    """Write the held events, one JSON line each, in the order recorded."""
+    if _file is None or _file.closed or not _events:
+        return
+    held = _events[:]
+    _events.clear()
+    _file.write("".join(json.dumps({"t": round(t, 6), "kind": kind, **fields}) + "\n"
+                        for t, kind, fields in held))
+    _file.flush()
 
 
 def reset_for_tests() -> None:
-    """Close the file and read the variable again at the next event."""
+    """Write what is held, close the file and read the variable again at the next event."""
     global _file, _path_checked
     if _file is not None:
+        flush()
         _file.close()
+    _events.clear()
     _file, _path_checked = None, False
