@@ -362,26 +362,28 @@ def test_the_protect_switch(monkeypatch):
             envs.adaptive_protect()
 
 
+def _engine_config(method: str = "ngram", schedule=None):
+    """The parts of a VllmConfig that adaptive/config.py reads, for apply_adaptive."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=K, method=method,
+                                           num_speculative_tokens_per_batch_size=schedule,
+                                           parallel_drafting=False),
+        parallel_config=SimpleNamespace(data_parallel_size=1),
+        scheduler_config=SimpleNamespace(scheduler_cls=None, async_scheduling=True))
+
+
 def test_the_controller_says_at_info_why_it_is_off(monkeypatch, caplog):
     """Each way a user turns the controller off leaves vLLM's scheduler in place and says so,
     with the reason, at INFO where the config is built (README: "Adaptive drafting")."""
-    from types import SimpleNamespace
-
     from specdec_plugin.adaptive.config import apply_adaptive
-
-    def config(schedule=None):
-        return SimpleNamespace(
-            speculative_config=SimpleNamespace(num_speculative_tokens=K, method="eagle3",
-                                               num_speculative_tokens_per_batch_size=schedule,
-                                               parallel_drafting=False),
-            parallel_config=SimpleNamespace(data_parallel_size=1),
-            scheduler_config=SimpleNamespace(scheduler_cls=None, async_scheduling=True))
 
     cases = [("1", [[1, 4, 2], [5, 64, 0]], "num_speculative_tokens_per_batch_size is set"),
              ("0", None, "SPECDEC_ADAPTIVE=0")]
     for switch, schedule, reason in cases:
         monkeypatch.setenv("SPECDEC_ADAPTIVE", switch)
-        off = config(schedule)
+        off = _engine_config("eagle3", schedule)
         caplog.clear()
         with caplog.at_level("INFO", logger="specdec_plugin.adaptive.config"):
             apply_adaptive(off)
@@ -390,7 +392,7 @@ def test_the_controller_says_at_info_why_it_is_off(monkeypatch, caplog):
         assert f"specdec_plugin: adaptive drafting off ({reason})" in said, said
     # And on, for contrast: no such line.
     monkeypatch.setenv("SPECDEC_ADAPTIVE", "1")
-    on = config()
+    on = _engine_config("eagle3")
     caplog.clear()
     with caplog.at_level("INFO", logger="specdec_plugin.adaptive.config"):
         apply_adaptive(on)
@@ -399,20 +401,10 @@ def test_the_controller_says_at_info_why_it_is_off(monkeypatch, caplog):
 
 
 def test_a_bad_controller_setting_fails_where_the_config_is_built(monkeypatch):
-    from types import SimpleNamespace
-
     from specdec_plugin.adaptive.config import apply_adaptive
 
-    def config():
-        return SimpleNamespace(
-            speculative_config=SimpleNamespace(num_speculative_tokens=K, method="ngram",
-                                               num_speculative_tokens_per_batch_size=None,
-                                               parallel_drafting=False),
-            parallel_config=SimpleNamespace(data_parallel_size=1),
-            scheduler_config=SimpleNamespace(scheduler_cls=None, async_scheduling=True))
-
     monkeypatch.delenv("SPECDEC_ADAPTIVE", raising=False)
-    good = config()
+    good = _engine_config()
     apply_adaptive(good)
     assert good.scheduler_config.scheduler_cls.endswith("AdaptiveAsyncScheduler")
     # "often" is no number, and no method name for the two per-method switches.
@@ -422,7 +414,7 @@ def test_a_bad_controller_setting_fails_where_the_config_is_built(monkeypatch):
                  "SPECDEC_ADAPTIVE_LENGTH_GAIN", "SPECDEC_ADAPTIVE_DRAFT_GRAPH_COST",
                  "SPECDEC_ADAPTIVE_PROBE_COST"):
         monkeypatch.setenv(name, "often")
-        bad = config()
+        bad = _engine_config()
         with pytest.raises(ValueError, match=name):
             apply_adaptive(bad)
         assert bad.scheduler_config.scheduler_cls is None

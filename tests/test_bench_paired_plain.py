@@ -18,11 +18,15 @@ def paired():
     return load_benchmark("bench_paired_plain")
 
 
-def test_paired_ratios_are_run_by_run(paired):
+def _random_runs(low: float, high: float) -> tuple[list[float], list[float]]:
+    """1-8 runs' figures for the method and for plain decoding, fresh each time."""
     rng = random.Random()
     n = rng.randrange(1, 9)
-    plain = [rng.uniform(0.5, 1.5) for _ in range(n)]
-    method = [rng.uniform(0.5, 1.5) for _ in range(n)]
+    return [rng.uniform(low, high) for _ in range(n)], [rng.uniform(low, high) for _ in range(n)]
+
+
+def test_paired_ratios_are_run_by_run(paired):
+    method, plain = _random_runs(0.5, 1.5)  # wall seconds
     got = paired.paired_ratios(method, plain)
     assert got["paired_ratios"] == pytest.approx([m / p for m, p in zip(method, plain)])
     assert got["paired_ratio"] == pytest.approx(statistics.median(got["paired_ratios"]))
@@ -33,17 +37,15 @@ def test_paired_ratios_are_run_by_run(paired):
 
 
 def test_decode_pairing_pairs_the_decode_figures_run_by_run(paired):
-    rng = random.Random()
-    n = rng.randrange(1, 9)
-    plain = [rng.uniform(4.0, 6.0) for _ in range(n)]
-    method = [rng.uniform(4.0, 6.0) for _ in range(n)]
+    method, plain = _random_runs(4.0, 6.0)  # decode ms per token
+    n = len(plain)
     got = paired.decode_pairing(method, plain)
     ratios = [m / p for m, p in zip(method, plain)]
     assert got["decode_paired_ratio"] == pytest.approx(statistics.median(ratios))
     low, high = got["decode_paired_ratio_ci95"]
     assert min(ratios) <= low <= got["decode_paired_ratio"] <= high <= max(ratios)
     # A run without a decode figure (no timestamps) leaves the pairing out.
-    gap = rng.randrange(n)
+    gap = random.randrange(n)
     assert paired.decode_pairing(method, plain[:gap] + [None] + plain[gap + 1:]) == {}
     assert paired.decode_pairing(method[:gap] + [None] + method[gap + 1:], plain) == {}
 
