@@ -15,8 +15,9 @@ the method's engine started with the variant's environment (read where the engin
     step-log         the default with SPECDEC_STEP_LOG on (one file per engine process under
                      the temporary directory's specdec_step_logs/): what the diagnostic log
                      itself costs. Session 52: n-gram at batch 1 read 1.024 of plain decoding
-                     with step logs in both engines and 1.008 without, in two leases; this
-                     variant puts the two in one run
+                     with step logs in both engines and 1.008 without, in two leases (each
+                     event then written as it happened; now held in memory); this variant
+                     puts the two in one run
 
 Used by bench_spec_cpu.py and bench_paired_plain.py.
 """

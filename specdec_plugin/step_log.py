@@ -92,6 +92,18 @@ def flush() -> None:
     _file.flush()
 
 
+def _forget_in_forked_child() -> None:
+    # A forked child would otherwise write into its parent's file (named by the parent's
+    # pid), write the parent's held events a second time, and lose its own (multiprocessing
+    # clears the inherited finalizers). It opens a file of its own at its first event.
+    global _file, _path_checked
+    _file, _path_checked = None, False
+    _events.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_forked_child)
+
+
 def reset_for_tests() -> None:
     """Write what is held, close the file and read the variable again at the next event."""
     global _file, _path_checked

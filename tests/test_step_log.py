@@ -82,12 +82,22 @@ def test_a_process_started_by_multiprocessing_writes_its_events_at_exit(tmp_path
     import multiprocessing
 
     count = random.randrange(5, 50)
+    path = str(tmp_path / "steps-{pid}.jsonl")
     context = multiprocessing.get_context(start_method)
-    child = context.Process(target=_record_and_return,
-                            args=(str(tmp_path / "steps-{pid}.jsonl"), count))
-    child.start()
-    child.join(60)
+    with environ(SPECDEC_STEP_LOG=path):
+        step_log.reset_for_tests()
+        try:
+            # This process logs too, and still holds its event when the child starts: a
+            # forked child must neither write it again nor write into this process's file.
+            step_log.record("exec", ms=1.0)
+            child = context.Process(target=_record_and_return, args=(path, count))
+            child.start()
+            child.join(60)
+        finally:
+            step_log.reset_for_tests()
     assert child.exitcode == 0
     with open(tmp_path / f"steps-{child.pid}.jsonl") as f:
         events = [json.loads(line) for line in f]
     assert [e["tokens"] for e in events] == list(range(count))
+    with open(tmp_path / f"steps-{os.getpid()}.jsonl") as f:
+        assert [json.loads(line)["kind"] for line in f] == ["exec"]
