@@ -25,8 +25,8 @@ EAGLE with the measured probe price ran every step 4% slow beside another job's 
 read by hand this way.
 
 ``--run-starts N`` (with ``--beside PLAIN.jsonl`` or alone): the host time (``exec`` +
-``sample`` + ``draft``) of each run's first N steps, median over runs, per step position and
-summed. Session 51 found suffix and the draft model at batch 64 within 1.1-1.6% of plain
+``sample``; a ``draft`` call runs inside ``sample_tokens``, so it is not added again) of each
+run's first N steps, median over runs, per step position and summed. Session 51 found suffix and the draft model at batch 64 within 1.1-1.6% of plain
 decoding in their decode steps and still 3% slower per run: about 15 ms sat in each run's
 first steps (the prefill, then the probe step, where suffix built 64 requests' tries).
 """
@@ -38,6 +38,9 @@ from collections import Counter
 from statistics import median
 
 HOST_CALLS = ("exec", "sample", "draft")
+# The runner's calls a step's host time is the sum of: vLLM proposes drafts inside
+# sample_tokens, so a ``draft`` call's time is already part of its step's ``sample``.
+STEP_HOST_CALLS = ("exec", "sample")
 
 
 def load(path: str) -> list[dict]:
@@ -177,14 +180,14 @@ def beside(events: list[dict], other: list[dict], gap_s: float = 0.15) -> dict:
 
 
 def run_starts(events: list[dict], first: int, gap_s: float = 0.15) -> dict:
-    """Host ms of each run's first ``first`` steps (an ``exec`` and the calls after it up to
-    the next), median over the runs that have that many steps: per step position and summed."""
+    """Host ms of each run's first ``first`` steps (its ``exec`` and ``sample`` calls),
+    median over the runs that have that many steps: per step position and summed."""
     per_run = []
     for run in split_runs(events, gap_s):
         steps = _steps(run)[:first]
         if len(steps) == first:
             per_run.append([s["exec"]["ms"] + sum(e["ms"] for e in s["calls"]
-                                                   if e["kind"] in HOST_CALLS and "ms" in e)
+                                                   if e["kind"] in STEP_HOST_CALLS)
                             for s in steps])
     if not per_run:
         return {"runs": 0}

@@ -127,8 +127,9 @@ def test_beside_compares_step_periods_within_this_logs_span():
 
 
 def test_run_starts_reads_the_first_steps_host_time_of_every_run():
-    """``--run-starts N``: each run's first N steps' host time (exec and the calls after it),
-    median over runs per position; runs shorter than N do not count."""
+    """``--run-starts N``: each run's first N steps' host time (exec and sample; a draft call,
+    inside sample_tokens, is not counted twice), median over runs per position; runs shorter
+    than N do not count."""
     report_module = load_benchmark("step_log_report")
     rng = random.Random()
     first = rng.randint(2, 5)
@@ -140,7 +141,9 @@ def test_run_starts_reads_the_first_steps_host_time_of_every_run():
             ms = start_ms[step] if step < first else rng.uniform(1.0, 3.0)
             t += ms / 1e3
             lines.append({"t": t, "kind": "exec", "ms": ms, "tokens": 64})
-            t += 0.0005
+            t += 0.0003
+            lines.append({"t": t, "kind": "draft", "path": "eager", "k": 1, "ms": 0.3})
+            t += 0.0002  # the draft ran inside this sample_tokens call
             lines.append({"t": t, "kind": "sample", "ms": 0.5})
         t += 1.0  # idle between runs
     # A run too short to count.
