@@ -83,10 +83,10 @@ def record(kind: str, **fields) -> None:
 
 def flush() -> None:
     """Write the held events, one JSON line each, in the order recorded."""
+    global _events
     if _file is None or _file.closed or not _events:
         return
-    held = _events[:]
-    _events.clear()
+    held, _events = _events, []  # no copy; events recorded while writing wait for the next
     _file.write("".join(json.dumps({"t": round(t, 6), "kind": kind, **fields}) + "\n"
                         for t, kind, fields in held))
     _file.flush()
