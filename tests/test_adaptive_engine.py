@@ -32,6 +32,11 @@ def _draft_lengths(llm) -> dict[int, float]:
             and m.labels.get("model_name") == name}
 
 
+def _grown(after: dict, before: dict) -> dict:
+    """The counts that grew from ``before`` to ``after`` (``_draft_lengths`` snapshots)."""
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+
+
 def _run(engines, target, spec, one_at_a_time=False):
     # Each configuration is this test's alone: built in this process, it starts sooner
     # (EnginePool.one_off). Served engines, in processes of their own, are checked
@@ -46,8 +51,7 @@ def _run(engines, target, spec, one_at_a_time=False):
         after = counters(llm)
         lengths = _draft_lengths(llm)
     delta = {name: counter_delta(before, after, name) for name in after}
-    delta["draft_lengths"] = {k: v - lengths_before.get(k, 0) for k, v in lengths.items()
-                              if v - lengths_before.get(k, 0)}
+    delta["draft_lengths"] = _grown(lengths, lengths_before)
     return got, delta
 
 
@@ -133,11 +137,10 @@ def test_a_user_batch_size_schedule_wins_over_the_controller(engines, smollm2_pa
     assert counter_delta(before, middle, drafts) == 0
     # PROMPTS hold self-repeating text, so n-gram drafts there at batch 1 (not a vacuous 0).
     assert counter_delta(middle, after, drafts) > 0
-    lengths = {k: v - lengths_middle.get(k, 0) for k, v in lengths_after.items()
-               if v - lengths_middle.get(k, 0)}
+    lengths = _grown(lengths_after, lengths_middle)
     assert lengths and max(lengths) <= 2, lengths
-    assert all(v == lengths_before.get(k, 0) for k, v in lengths_middle.items() if k > 0), \
-        (lengths_before, lengths_middle)
+    together_lengths = _grown(lengths_middle, lengths_before)
+    assert not [k for k in together_lengths if k > 0], together_lengths
 
 
 def test_step_times_reach_the_controller(smollm2_path, monkeypatch):
