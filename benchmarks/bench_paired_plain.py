@@ -99,6 +99,8 @@ def time_pair(plain, method, requests, max_tokens: int, repeats: int, warmups: i
                                          _delta(_spec_counters(method), before))}
     result.update(paired_ratios(walls["speculative"], walls["plain"]))
     result.update(decode_pairing(decode["speculative"], decode["plain"]))
+    result.update(run_start_pairing(walls["speculative"], decode["speculative"],
+                                    walls["plain"], decode["plain"], max_tokens - 1))
     result["equal_outputs"] = sum(a == b for a, b in zip(tokens["speculative"], tokens["plain"]))
     result["requests"] = batch
     return result
@@ -114,15 +116,39 @@ def paired_ratios(method_walls: list[float], plain_walls: list[float]) -> dict:
 
 
 def decode_pairing(method_decode: list, plain_decode: list) -> dict:
-    """``paired_ratios``' median and interval over the runs' steady decode (each run's wall less
-    its first token, ms per token): what a step costs apart from each run's start (prefill and
-    probes), which at batch 64 moved a 0.7-s run by 2-3% from pair to pair (session 52).
+    """``paired_ratios``' median and interval over the runs' decode phases (from the last
+    request's first token to the last token, ms per token; probes included): what a step costs
+    apart from each run's start (the prefill steps), which at batch 64 moved a 0.7-s run by
+    2-3% from pair to pair (session 52).
     Empty where a run has no decode figure (an engine without log stats keeps no timestamps)."""
     if None in method_decode or None in plain_decode:
         return {}
     pairs = paired_ratios(method_decode, plain_decode)
     return {"decode_paired_ratio": pairs["paired_ratio"],
             "decode_paired_ratio_ci95": pairs["paired_ratio_ci95"]}
+
+
+def run_start_pairing(method_walls: list[float], method_decode: list, plain_walls: list[float],
+                      plain_decode: list, decode_steps: int) -> dict:
+    """Each run's start, ms: its wall less its decode phase (``decode_steps`` times its decode
+    ms per token), i.e. the time until the last request's first token plus the run's end.
+    Kept per engine as the median, and paired as the median of the method's run start less
+    the adjacent plain run's, with its interval. Why: at batch 64 the speculative engines'
+    run starts were 5-14 ms longer than plain decoding's, about half of what put three
+    cells over issue 11's bar (session 53), and reading that took a hand computation.
+    Empty where a run has no decode figure."""
+    if None in method_decode or None in plain_decode:
+        return {}
+
+    def starts(walls, decode):
+        return [1000.0 * w - decode_steps * d for w, d in zip(walls, decode)]
+
+    method, plain = starts(method_walls, method_decode), starts(plain_walls, plain_decode)
+    diffs = [m - p for m, p in zip(method, plain)]
+    return {"run_start_ms": {"speculative": statistics.median(method),
+                             "plain": statistics.median(plain)},
+            "run_start_paired_diff_ms": statistics.median(diffs),
+            "run_start_paired_diff_ms_ci95": bootstrap_median_ci(diffs)}
 
 
 def bootstrap_median_ci(values: list[float], draws: int = 4000, seed: int = 0) -> list[float]:
@@ -242,7 +268,9 @@ def main() -> None:
                           f"{cell['paired_ratio']:.3f} [{low:.3f}, {high:.3f}] "
                           f"({row['verdict']} against {args.bar}; ratio of medians "
                           f"{cell['ratio_of_medians']:.3f}; decode "
-                          f"{cell.get('decode_paired_ratio', float('nan')):.3f}); outputs equal "
+                          f"{cell.get('decode_paired_ratio', float('nan')):.3f}; run start "
+                          f"{cell.get('run_start_paired_diff_ms', float('nan')):+.1f} ms); "
+                          f"outputs equal "
                           f"{cell['equal_outputs']}/{batch}", flush=True)
                     (out / "paired_plain.json").write_text(json.dumps(report, indent=1))
             finally:

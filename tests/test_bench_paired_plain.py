@@ -50,6 +50,27 @@ def test_decode_pairing_pairs_the_decode_figures_run_by_run(paired):
     assert paired.decode_pairing(method[:gap] + [None] + method[gap + 1:], plain) == {}
 
 
+def test_run_start_pairing_is_the_wall_less_the_decode_phase_run_by_run(paired):
+    method_walls, plain_walls = _random_runs(0.5, 0.8)  # wall seconds
+    n = len(plain_walls)
+    method_decode, plain_decode = [random.uniform(4.0, 5.0) for _ in range(n)], \
+        [random.uniform(4.0, 5.0) for _ in range(n)]  # decode ms per token
+    steps = random.randrange(16, 128)
+    got = paired.run_start_pairing(method_walls, method_decode, plain_walls, plain_decode, steps)
+    method = [1000 * w - steps * d for w, d in zip(method_walls, method_decode)]
+    plain = [1000 * w - steps * d for w, d in zip(plain_walls, plain_decode)]
+    assert got["run_start_ms"] == pytest.approx(
+        {"speculative": statistics.median(method), "plain": statistics.median(plain)})
+    diffs = [m - p for m, p in zip(method, plain)]
+    assert got["run_start_paired_diff_ms"] == pytest.approx(statistics.median(diffs))
+    low, high = got["run_start_paired_diff_ms_ci95"]
+    assert min(diffs) <= low <= got["run_start_paired_diff_ms"] <= high <= max(diffs)
+    gap = random.randrange(n)
+    assert paired.run_start_pairing(method_walls, method_decode, plain_walls,
+                                    plain_decode[:gap] + [None] + plain_decode[gap + 1:],
+                                    steps) == {}
+
+
 def test_bootstrap_interval_narrows_with_agreeing_pairs(paired):
     rng = random.Random()
     centre = rng.uniform(0.9, 1.1)
@@ -101,6 +122,7 @@ def test_time_pair_on_real_engines(paired, engines, smollm2_path, monkeypatch):
         [m / p for m, p in zip(cell["speculative"]["walls_s"], cell["plain"]["walls_s"])])
     # This plain engine keeps no timestamps (log stats off), so no decode pairing.
     assert "decode_ms_per_token_runs" not in cell["plain"] and "decode_paired_ratio" not in cell
+    assert "run_start_ms" not in cell
     assert len(cell["speculative"]["decode_ms_per_token_runs"]) == repeats
     assert cell["requests"] == batch
     assert cell["equal_outputs"] == batch  # fp32 greedy: speculation changes nothing
