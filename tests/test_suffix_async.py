@@ -148,6 +148,34 @@ def test_lazy_drafts_equal_the_synchronous_proposers(seed, max_cached_requests):
         compared, drafted, applied_without_wait)
 
 
+def test_new_requests_tries_are_built_before_the_wait_for_their_step(monkeypatch):
+    """The probe after a batch of new requests waits for their prefill's tokens; their tries
+    need only the histories the record holds, so they are built first (session 53)."""
+    from specdec_plugin.spec_decode.suffix_lazy import LazySuffixDrafts
+
+    rng = random.Random()
+    lazy = LazySuffixDrafts(_proposer(0), VOCAB)
+    rows = [f"r{n}" for n in range(rng.randint(2, 6))]
+    prompts = {r: [rng.randrange(VOCAB) for _ in range(rng.randint(3, 30))] for r in rows}
+    sampled = torch.tensor([[rng.randrange(VOCAB)] for _ in rows], dtype=torch.int32)
+    event = _Landed(landed=False)
+    lazy.record(rows, sampled, event, set(), K, lambda row, req: (prompts[req], []))
+    built_while = []
+    prepare = type(lazy.index).prepare_requests
+
+    def recorded(index, histories, *args, **kwargs):
+        built_while.append(("waited" if event.waited else "in flight", len(histories)))
+        return prepare(index, histories, *args, **kwargs)
+
+    monkeypatch.setattr(type(lazy.index), "prepare_requests", recorded)  # a slotted class
+    got = lazy.drafts({r: K for r in rows})
+    assert event.waited and set(got) == set(rows)
+    assert built_while == [("in flight", len(rows))]  # once, before the wait, every new request
+    for r in rows:  # each started with its prompt and the step's token
+        assert lazy.index.has_request(r)
+        assert lazy.last_token(r) == int(sampled[rows.index(r), 0])
+
+
 def _stream_prompts(seed: int):
     """The prompts ``_stream(seed)`` gives its requests (same generator, same order)."""
     rng = random.Random(seed)
