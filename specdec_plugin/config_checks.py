@@ -132,6 +132,17 @@ def _check_draft_sharding(config: "VllmConfig", device: "DeviceLayer") -> None:
         )
 
 
+def _check_sync_debug(config: "VllmConfig", device: "DeviceLayer") -> None:
+    # Read by the workers after start-up (worker/sync_debug.py); a bad value is named here,
+    # before any weight is read, not after the engine has started.
+    from specdec_plugin import envs
+
+    try:
+        envs.sync_debug()
+    except ValueError as exc:
+        raise SpecDecConfigError(str(exc)) from None
+
+
 CHECKS: dict[str, Callable[["VllmConfig", "DeviceLayer"], None]] = {
     "device_present": _check_device_present,
     "dtype": _check_dtype,
@@ -140,6 +151,7 @@ CHECKS: dict[str, Callable[["VllmConfig", "DeviceLayer"], None]] = {
     "kv_cache_dtype": _check_kv_cache_dtype,
     "parallelism": _check_parallelism,
     "draft_sharding": _check_draft_sharding,
+    "sync_debug": _check_sync_debug,
 }
 
 

@@ -128,6 +128,12 @@
   drafter; host clock) to PATH, ``{pid}`` replaced by the process id (step_log.py): to
   find which steps of a slow run stalled and what they did. The events are held in memory
   and written when the engine process exits. Default off.
+- ``SPECDEC_SYNC_DEBUG=warn|error``: once the engine has started (graphs captured, step
+  costs timed), every call in a worker that makes the host wait for the device warns, with
+  the place it was made from, once per place (``error``: raises instead), through the device's
+  own sync-debug mode (CUDA: ``torch.cuda.set_sync_debug_mode``; worker/sync_debug.py): to
+  find why a step's host work waits where async scheduling should let it run ahead. Default
+  off. Devices without such a mode (the CPU) log that they have none.
 - ``SPECDEC_CACHE_DIR``: where ``specdec-models`` keeps checkpoints (default
   ``~/.cache/specdec_plugin/models``).
 """
@@ -338,6 +344,21 @@ def suffix_async(device_default: str = "0") -> str:
         return "1"
     if value not in SUFFIX_ASYNC_CHOICES:
         raise ValueError(f"SPECDEC_SUFFIX_ASYNC={value!r}: expected one of {SUFFIX_ASYNC_CHOICES}")
+    return value
+
+
+SYNC_DEBUG_CHOICES = ("warn", "error")
+
+
+def sync_debug() -> str | None:
+    """None: off (unset, empty or 0)."""
+    value = os.environ.get("SPECDEC_SYNC_DEBUG", "").strip().lower()
+    if value in ("", "0", "off"):
+        return None
+    if value not in SYNC_DEBUG_CHOICES:
+        raise ValueError(f"SPECDEC_SYNC_DEBUG={value!r}: expected one of "
+                         f"{', '.join(SYNC_DEBUG_CHOICES)} (warn: each place that makes the "
+                         "host wait for the device warns once); unset it to turn it off")
     return value
 
 

@@ -90,6 +90,11 @@ class DeviceLayer:
     def synchronize(self) -> None:
         pass
 
+    def set_sync_debug_mode(self, mode: str) -> bool:
+        """Warn (``"warn"``) or raise (``"error"``) at every call that makes the host wait for
+        the device (worker/sync_debug.py). False where the device has no such mode."""
+        return False
+
     def event(self):
         """A device event to record behind queued work and wait on later (``torch.Event``;
         in a CPU worker process patch P5's host stand-in)."""

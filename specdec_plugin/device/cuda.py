@@ -122,6 +122,10 @@ class CudaDevice(DeviceLayer):
     def synchronize(self) -> None:
         torch.cuda.synchronize()
 
+    def set_sync_debug_mode(self, mode: str) -> bool:
+        torch.cuda.set_sync_debug_mode(mode)
+        return True
+
     def worker_device(self, local_rank: int) -> torch.device:
         return torch.device(f"cuda:{local_rank}")
 

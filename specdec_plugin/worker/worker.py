@@ -17,7 +17,7 @@ from vllm.v1.worker.workspace import init_workspace_manager
 
 from specdec_plugin import envs
 from specdec_plugin.patches import apply_worker_patches
-from specdec_plugin.worker import compile_log
+from specdec_plugin.worker import compile_log, sync_debug
 from specdec_plugin.worker.device_index import dp_adjusted_local_rank, visible_device_index
 from specdec_plugin.worker.memory_accounting import (
     counted_by_startup_plan,
@@ -119,4 +119,5 @@ class SpecDecWorker(Worker):
         layer = self.device_layer
         measure_and_publish(self.model_runner, self.vllm_config, self.rank,
                             layer.step_cost_budget_s, layer.synchronize)
+        sync_debug.enable_after_startup(layer)  # SPECDEC_SYNC_DEBUG only
         return result
