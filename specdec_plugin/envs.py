@@ -351,7 +351,7 @@ SYNC_DEBUG_CHOICES = ("warn", "error")
 
 
 def sync_debug() -> str | None:
-    """None: off (unset, empty or 0)."""
+    """None: off (unset, empty, ``0`` or ``off``)."""
     value = os.environ.get("SPECDEC_SYNC_DEBUG", "").strip().lower()
     if value in ("", "0", "off"):
         return None
