@@ -129,11 +129,13 @@
   find which steps of a slow run stalled and what they did. The events are held in memory
   and written when the engine process exits. Default off.
 - ``SPECDEC_SYNC_DEBUG=warn|error``: once the engine has started (graphs captured, step
-  costs timed), every call in a worker that makes the host wait for the device warns, with
-  the place it was made from, once per place (``error``: raises instead), through the device's
-  own sync-debug mode (CUDA: ``torch.cuda.set_sync_debug_mode``; worker/sync_debug.py): to
-  find why a step's host work waits where async scheduling should let it run ahead. Default
-  off. Devices without such a mode (the CPU) log that they have none.
+  costs timed), every call in a worker that makes the host wait for the device inside a copy
+  or a read of a device value warns, with the place it was made from, once per place
+  (``error``: raises instead), through the device's own sync-debug mode (CUDA:
+  ``torch.cuda.set_sync_debug_mode``; worker/sync_debug.py): to find why a step's host work
+  waits where async scheduling should let it run ahead. Waits on events are not reported
+  (worker/sync_debug.py). Default off. Devices without such a mode (the CPU) log that they
+  have none.
 - ``SPECDEC_CACHE_DIR``: where ``specdec-models`` keeps checkpoints (default
   ``~/.cache/specdec_plugin/models``).
 """
