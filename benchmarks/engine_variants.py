@@ -4,7 +4,9 @@ the method's engine started with the variant's environment (read where the engin
     static           the adaptive controller off: K drafts every step
     observed         the cost table corrected by observed step times (adaptive/observed_cost.py)
     probe-observed   the probe budget priced by what probes were seen to cost
-                     (adaptive/probe_cost.py)
+                     (adaptive/probe_cost.py; the CUDA default since session 54)
+    probe-table      the probe budget priced by the start-up cost table (the default on
+                     the CPU, and on CUDA before session 54)
     again            the default, as an engine of its own: timed once more in the same run,
                      it tells what an engine's start order or its place on the host moves
                      from what a variant's setting does (session 50: the second of two
@@ -31,6 +33,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "static": {"SPECDEC_ADAPTIVE": "0"},
     "observed": {"SPECDEC_ADAPTIVE_OBSERVED_COST": "1"},
     "probe-observed": {"SPECDEC_ADAPTIVE_PROBE_COST": "observed"},
+    "probe-table": {"SPECDEC_ADAPTIVE_PROBE_COST": "table"},
     "again": {},
     "full-bookkeeping": {"SPECDEC_LEAN_PLAIN_STEPS": "0"},
     "step-log": {"SPECDEC_STEP_LOG": os.path.join(tempfile.gettempdir(), "specdec_step_logs",

@@ -65,14 +65,17 @@
   drafting must promise before the adaptive controller, once off, drafts again (default 0.10;
   adaptive/policy.py, hysteresis). ``0`` restores the earlier rule (the same 3% either way).
 - ``SPECDEC_ADAPTIVE_PROBE_BUDGET=<fraction>``: while the adaptive controller drafts nothing,
-  its first probe comes after enough plain steps that the probe's extra step time, by the cost
-  table, is at most this share of theirs (default 0.005; never sooner than 16 steps;
-  adaptive/controller.py). ``0``: the first probe after 16 plain steps at every batch size,
-  as before.
+  its first probe comes after enough plain steps that the probe's extra time (priced as
+  ``SPECDEC_ADAPTIVE_PROBE_COST`` says) is at most this share of theirs (default 0.005; never
+  sooner than 16 steps; adaptive/controller.py). ``0``: the first probe after 16 plain steps
+  at every batch size, as before.
 - ``SPECDEC_ADAPTIVE_PROBE_COST=table|observed``: how the probe budget prices a probe: by the
-  cost table's step verifying one draft per request (``table``, default), or by what the probes
-  at that batch size were seen to cost in wall time, their drafting step and the drained step
-  after them included (``observed``; adaptive/probe_cost.py). Opt-in until measured on a GPU.
+  cost table's step verifying one draft per request (``table``), or by what the probes at that
+  batch size were seen to cost in wall time, their drafting step and the drained step after
+  them included (``observed``; adaptive/probe_cost.py). Unset: ``table``; the CUDA device
+  layer sets ``observed`` (device/cuda.py says why). The CPU keeps ``table``: five rounds on a
+  2-core CPU (session 54) read n-gram on prose at batch 8 faster with ``observed`` and
+  EAGLE-3 on chat at batch 8 slower, each in four rounds of five, with rounds 20% apart.
 - ``SPECDEC_ADAPTIVE_PROTECT=<quantile>``: the adaptive controller drafts only where the
   request at this quantile of expected acceptance (0.25: the least accepting quarter's best)
   is expected to be no slower than with a plain step (adaptive/policy.py). Unset (default):
@@ -296,7 +299,8 @@ def adaptive_probe_cost() -> str:
     if value not in PROBE_COST_CHOICES:
         raise ValueError(f"SPECDEC_ADAPTIVE_PROBE_COST={value!r}: expected one of "
                          f"{', '.join(PROBE_COST_CHOICES)} (observed: price probes by their "
-                         "measured wall time); unset it for the default, table")
+                         "measured wall time; table: by the start-up cost table's verifying "
+                         "step); unset it for the device's default")
     return value
 
 

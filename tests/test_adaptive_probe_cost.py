@@ -225,3 +225,19 @@ def test_the_scheduler_tells_the_controller_every_interval_and_which_steps_were_
     assert [t[3] for t in told[1:]] == [v == 0 and k == 0 for v, (k, _) in
                                         zip(verified[1:], chosen[1:])]
     assert scheduler._probe_outputs == []
+
+
+def test_cuda_prices_probes_by_their_measured_cost_and_the_cpu_by_the_table(monkeypatch):
+    # H200, session 54: one probe a run instead of two or three at batch 64, suffix's decode
+    # 1.011 -> 1.001 of plain decoding. The CPU's five rounds could not tell the two apart.
+    from specdec_plugin import envs
+    from specdec_plugin.device.cpu import CpuDevice
+    from specdec_plugin.device.cuda import CudaDevice
+
+    assert CudaDevice.process_env["SPECDEC_ADAPTIVE_PROBE_COST"] == "observed"
+    assert "SPECDEC_ADAPTIVE_PROBE_COST" not in CpuDevice.process_env
+    monkeypatch.delenv("SPECDEC_ADAPTIVE_PROBE_COST", raising=False)
+    assert envs.adaptive_probe_cost() == "table"
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_PROBE_COST", CudaDevice.process_env[
+        "SPECDEC_ADAPTIVE_PROBE_COST"])
+    assert envs.adaptive_probe_cost() == "observed"

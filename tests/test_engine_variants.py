@@ -18,6 +18,8 @@ def test_a_method_name_splits_into_method_and_environment(variants):
     assert variants.split_method("eagle") == ("eagle", {})
     assert variants.split_method("eagle:probe-observed") == (
         "eagle", {"SPECDEC_ADAPTIVE_PROBE_COST": "observed"})
+    assert variants.split_method("suffix:probe-table") == (
+        "suffix", {"SPECDEC_ADAPTIVE_PROBE_COST": "table"})
     assert variants.split_method("draft_model:static") == ("draft_model", {"SPECDEC_ADAPTIVE": "0"})
     # The default once more, under a name of its own (a second engine in the same run).
     assert variants.split_method("eagle:again") == ("eagle", {})

@@ -34,10 +34,10 @@ on a CPU the draft model's probe at batch 1 costs ~38% over a plain step (issue 
 requests: requests that arrived while drafting was off were served without a single probe,
 on the evidence of an earlier request.
 
-With ``measure_probes`` (``SPECDEC_ADAPTIVE_PROBE_COST=observed``, opt-in) the budget prices a
-probe by what the probes at this batch size were seen to cost, their drafting step and the
-drained step after them included (``probe_cost.py``), instead of by the cost table's
-verifying step.
+With ``measure_probes`` (``SPECDEC_ADAPTIVE_PROBE_COST=observed``, the CUDA default) the
+budget prices a probe by what the probes at this batch size were seen to cost, their drafting
+step and the drained step after them included (``probe_cost.py``), instead of by the cost
+table's verifying step (until one has been measured there, and with ``table``).
 
 Costs: the start-up cost table, corrected by the step times the scheduler observes
 (``observe_step_time``, ``observed_cost.py``) where ``learn_costs`` is on

@@ -66,10 +66,17 @@ class CudaDevice(DeviceLayer):
     # but a 1-draft step cost about 26% more than it said); corrected, 3.12 tokens (0.946x).
     # In decode time the corrected engine was within 1.004x of the better of plain and static
     # K in all 6 cells, the table alone 1.092x at worst; one run, not yet repeated.
+    # Probes priced by what they were seen to cost (adaptive/probe_cost.py): on the H200 at
+    # batch 64 with every draft rejected (session 54, 16 paired runs each) EAGLE-3 and suffix
+    # probed once a 128-token run instead of two and three times, and suffix's decode went
+    # from 1.011 to 1.001 of plain decoding's (intervals apart); EAGLE-3's stayed 1.019, the
+    # draft model probed twice either way. Sessions 49 and 50 saw the same halving and no
+    # ratio move.
     process_env: ClassVar[dict[str, str]] = {"SPECDEC_DEFER_DRAFTER_SYNC": "1",
                                              "SPECDEC_UNIFORM_DRAFTS": "1",
                                              "SPECDEC_ADAPTIVE_OBSERVED_COST": "suffix,eagle3",
-                                             "SPECDEC_ADAPTIVE_TABLE_LENGTHS": "eagle3"}
+                                             "SPECDEC_ADAPTIVE_TABLE_LENGTHS": "eagle3",
+                                             "SPECDEC_ADAPTIVE_PROBE_COST": "observed"}
     # Graph replays are quick to time: measure more sizes.
     step_cost_budget_s = 10.0
     # Inductor fuses the norm / rotary / activation code between our attention calls, as on
