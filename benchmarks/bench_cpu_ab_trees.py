@@ -11,7 +11,8 @@ cell's ratio to the first config and whether its tokens equal the first config's
     #                {"name": "dm-before", "tree": "/work/wt-base", "method": "draft_model"},
     #                {"name": "dm-after", "tree": "/work/wt-new", "method": "draft_model"}]
     # optional per config: "env" (extra environment), "engine" (extra LLM arguments),
-    #   "workloads" (default ["code", "chat"]), "min_tokens": false (no min_tokens floor)
+    #   "workloads" (default ["code", "chat"]), "batches" (default [1, 8]), "min_tokens": false
+    #   (no min_tokens floor)
 
 On 2 cores the same engine varies by 5-13% from one start to the next (issue 11, 2026-11-25):
 alternate the configs over several rounds and compare means."""
@@ -63,7 +64,7 @@ def child(cfg):
                        ignore_eos=True), use_tqdm=False)]
     for wl in cfg.get("workloads", ["code", "chat"]):
         prompts = workloads[wl]
-        for b in (1, 8):
+        for b in cfg.get("batches", (1, 8)):
             gen([prompts[0]] if b == 1 else prompts, 4)
             c0 = _spec_counters(llm) if spec else None
             t = time.perf_counter()
