@@ -73,9 +73,9 @@
   cost table's step verifying one draft per request (``table``), or by what the probes at that
   batch size were seen to cost in wall time, their drafting step and the drained step after
   them included (``observed``; adaptive/probe_cost.py). Unset: ``table``; the CUDA device
-  layer sets ``observed`` (device/cuda.py says why). The CPU keeps ``table``: five rounds on a
-  2-core CPU (session 54) read n-gram on prose at batch 8 faster with ``observed`` and
-  EAGLE-3 on chat at batch 8 slower, each in four rounds of five, with rounds 20% apart.
+  layer sets ``observed`` (device/cuda.py says why). The CPU keeps ``table``: on a 2-core CPU
+  (session 54, 5 and 8 rounds) neither price read apart from the other, with the same engine
+  moving by up to half from round to round.
 - ``SPECDEC_ADAPTIVE_PROTECT=<quantile>``: the adaptive controller drafts only where the
   request at this quantile of expected acceptance (0.25: the least accepting quarter's best)
   is expected to be no slower than with a plain step (adaptive/policy.py). Unset (default):

@@ -229,7 +229,7 @@ def test_the_scheduler_tells_the_controller_every_interval_and_which_steps_were_
 
 def test_cuda_prices_probes_by_their_measured_cost_and_the_cpu_by_the_table(monkeypatch):
     # H200, session 54: one probe a run instead of two or three at batch 64, suffix's decode
-    # 1.011 -> 1.001 of plain decoding. The CPU's five rounds could not tell the two apart.
+    # 1.011 -> 1.001 of plain decoding. The CPU's rounds could not tell the two apart.
     from specdec_plugin import envs
     from specdec_plugin.device.cpu import CpuDevice
     from specdec_plugin.device.cuda import CudaDevice

@@ -22,9 +22,10 @@ request arriving or leaving, the same batch size throughout; a probe at a prefil
 requests) is not measured. The controller reads the median of the last ``history`` probes at
 its batch size (``extra_steps``) in place of the table's price where one has been measured
 (``SPECDEC_ADAPTIVE_PROBE_COST=observed``, the CUDA default since session 54; ``table``, the
-default elsewhere, prices probes by the table alone). On the H200 at batch 64 with every draft rejected (session 54, 16
-paired runs) it left one probe a 128-token run where the table's price left two (EAGLE-3) or
-three (suffix), and suffix's decode went from 1.011 to 1.001 of plain decoding's.
+default elsewhere, prices probes by the table alone). On the H200 at batch 64 with every draft
+rejected (session 54, 16 paired runs) it left one probe a 128-token run where the table's
+price left two (EAGLE-3) or three (suffix), and suffix's decode went from 1.011 to 1.001 of
+plain decoding's.
 
 Pure: no clock, no logging.
 """

@@ -15,8 +15,9 @@ what it reports comes from serving steps.
 What it cannot see: waits on events (``Event.synchronize``), which is how vLLM's async
 scheduling and our runner wait for a step's output. On an H200 (issue 11, session 54, batch 64,
 every draft rejected) no engine reported anything, plain decoding, the draft model, n-gram and
-EAGLE-3 alike, and every one ran 1-5% slower with the mode on (torch checks each call): the
-late launches are not a hidden synchronising call.
+EAGLE-3 alike, and every one ran 1-5% slower with the mode on (torch checks each call). Nor does
+it see a ``non_blocking`` copy from pageable host memory, which the driver may serialise with
+the stream. Whatever holds back the late launches, it is not a call this mode reports.
 """
 from __future__ import annotations
 
