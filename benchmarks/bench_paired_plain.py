@@ -103,7 +103,19 @@ def time_pair(plain, method, requests, max_tokens: int, repeats: int, warmups: i
                                     walls["plain"], decode["plain"], max_tokens - 1))
     result["equal_outputs"] = sum(a == b for a, b in zip(tokens["speculative"], tokens["plain"]))
     result["requests"] = batch
+    drafted = drafts_per_request_run(result["speculative"].get("spec"), repeats, batch)
+    if drafted is not None:
+        result["draft_tokens_per_request_run"] = drafted
     return result
+
+
+def drafts_per_request_run(spec: dict | None, repeats: int, batch: int) -> float | None:
+    """Draft tokens per request per timed run. With every draft rejected after the first
+    steps, each probe drafts one token per request, so this is about the probes per run
+    (session 54 read it from the JSON by hand: 2.1 with the table's price, 1.0 measured)."""
+    if not spec or repeats <= 0 or batch <= 0:
+        return None
+    return spec["draft_tokens"] / (repeats * batch)
 
 
 def paired_ratios(method_walls: list[float], plain_walls: list[float]) -> dict:
@@ -269,7 +281,9 @@ def main() -> None:
                           f"({row['verdict']} against {args.bar}; ratio of medians "
                           f"{cell['ratio_of_medians']:.3f}; decode "
                           f"{cell.get('decode_paired_ratio', float('nan')):.3f}; run start "
-                          f"{cell.get('run_start_paired_diff_ms', float('nan')):+.1f} ms); "
+                          f"{cell.get('run_start_paired_diff_ms', float('nan')):+.1f} ms; "
+                          f"draft tokens per request per run "
+                          f"{cell.get('draft_tokens_per_request_run', float('nan')):.2f}); "
                           f"outputs equal "
                           f"{cell['equal_outputs']}/{batch}", flush=True)
                     (out / "paired_plain.json").write_text(json.dumps(report, indent=1))

@@ -83,6 +83,17 @@ def test_bootstrap_interval_narrows_with_agreeing_pairs(paired):
     assert t_high - t_low == pytest.approx((high - low) / 10)
 
 
+def test_draft_tokens_per_request_per_run(paired):
+    rng = random.Random()
+    repeats, batch = rng.randrange(1, 17), rng.randrange(1, 65)
+    tokens = rng.randrange(0, 4 * repeats * batch + 1)
+    got = paired.drafts_per_request_run({"draft_tokens": tokens, "drafts": tokens}, repeats, batch)
+    assert got == pytest.approx(tokens / (repeats * batch))
+    # A plain engine has no counters; nothing is made up for it.
+    assert paired.drafts_per_request_run(None, repeats, batch) is None
+    assert paired.drafts_per_request_run({}, repeats, batch) is None
+
+
 def test_bar_verdict(paired):
     rng = random.Random()
     bar = rng.uniform(1.0, 1.1)
@@ -126,6 +137,8 @@ def test_time_pair_on_real_engines(paired, engines, smollm2_path, monkeypatch):
     assert len(cell["speculative"]["decode_ms_per_token_runs"]) == repeats
     assert cell["requests"] == batch
     assert cell["equal_outputs"] == batch  # fp32 greedy: speculation changes nothing
+    assert cell["draft_tokens_per_request_run"] == pytest.approx(
+        cell["speculative"]["spec"]["draft_tokens"] / (repeats * batch))
     spec = cell["speculative"]["spec"]
     assert spec["draft_tokens"] > 0 and 0 <= spec["accepted"] <= spec["draft_tokens"]
     # Request-steps by draft length (our counter, offline through patch P15) agree with vLLM's
