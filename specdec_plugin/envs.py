@@ -113,6 +113,10 @@
   has no streams (the CPU: host stand-ins serialise everything; for tests). Unset: the device
   layer's ``suffix_async_default`` (``1`` on CUDA GPUs since session 22's H100 run, ``0``
   elsewhere). An explicit ``async_scheduling=False`` from the user wins.
+- ``SPECDEC_SUFFIX_LATE_DRAFTS=1``: with ``SPECDEC_SUFFIX_ASYNC`` and uniform drafts, a step
+  that verifies suffix drafts prepares its inputs first and waits for the previous step's
+  tokens only just before the forward pass, where it writes the drafts into the prepared
+  inputs (spec_decode/suffix_async_runner.py). Opt-in until timed on a GPU.
 - ``SPECDEC_CPU_LINEAR=auto|bf16w|fp32|bf16|torch``: weights of the linear layers and the LM
   head on CPU, packed once at load (device/cpu.py ``linear_packing``, per weight). ``auto``
   (default): weights whose values are all bfloat16 (a bfloat16 checkpoint, in float32 or
@@ -198,6 +202,11 @@ def uniform_drafts() -> bool:
     # Unset: "0" here; the CUDA device layer sets "1" in its process_env (graphs make padding
     # pay; on the CPU it only adds verification work).
     return os.environ.get("SPECDEC_UNIFORM_DRAFTS", "0").strip().lower() in _TRUE
+
+
+def suffix_late_drafts() -> bool:
+    # Opt-in until timed on a GPU (spec_decode/suffix_async_runner.py says what it moves).
+    return os.environ.get("SPECDEC_SUFFIX_LATE_DRAFTS", "0").strip().lower() in _TRUE
 
 
 def log_triton_compiles() -> bool:

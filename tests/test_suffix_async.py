@@ -195,6 +195,33 @@ def test_accepted_counts_follow_the_rejection_output():
     assert last.tolist()[:3] == [6, 7, 11]
 
 
+def test_late_draft_slots_are_each_rows_last_tokens_in_batch_order():
+    """Late drafts (SPECDEC_SUFFIX_LATE_DRAFTS) go where vLLM's preparation put the draft
+    slots: the last len(draft) tokens of each row, rows in batch order; rows without a draft
+    (a prefill, a request that reserved nothing) are skipped."""
+    from specdec_plugin.spec_decode.suffix_async_runner import late_draft_slots
+
+    rng = random.Random()
+    req_ids = [f"r{i}" for i in range(rng.randint(3, 8))]
+    counts, drafts = [], {}
+    for req_id in req_ids:
+        k = rng.randint(0, 4)
+        if k:
+            drafts[req_id] = [rng.randrange(1, 1000) for _ in range(k)]
+        counts.append(1 + k + rng.choice([0, rng.randint(1, 9)]) * (k == 0))
+    query_end = np.cumsum(counts)
+    positions, tokens = late_draft_slots(req_ids, query_end, drafts)
+    flat = np.zeros(int(query_end[-1]), dtype=np.int64)
+    flat[positions] = tokens
+    want_tokens = []
+    for row, req_id in enumerate(req_ids):
+        draft = drafts.get(req_id, [])
+        end = int(query_end[row])
+        assert flat[end - len(draft):end].tolist() == draft
+        want_tokens.extend(draft)
+    assert tokens == want_tokens and len(set(positions)) == len(positions)
+
+
 @pytest.mark.parametrize("env,user,want", [
     (None, None, False),  # off by default: vLLM turns it off for suffix
     ("1", None, False),  # vLLM turns it on (P12), the CPU device off (no streams)...

@@ -212,3 +212,65 @@ def test_uniform_drafts_pad_instead_of_trim(engines, smollm2_path, monkeypatch):
     assert filled > 0 and delta["vllm:spec_decode_num_drafts"] > 0, (filled, delta)
     # Filler is verified but never counted as drafted.
     assert delta["vllm:spec_decode_num_draft_tokens"] <= made, (delta, made)
+
+
+# Run in the engine's worker: each late step's drafts, where they were written, and what the
+# rejection sampler will read as the step's drafts.
+def _record_late_writes(worker):
+    runner = worker.model_runner
+    write = type(runner)._write_late_drafts
+    runner.late_log = []
+
+    def recording(reserved):
+        meta = runner._suffix_late_meta
+        write(runner, reserved)
+        order = [r for r in runner.input_batch.req_ids if r in reserved]
+        ends = runner.query_start_loc.np[1:runner.input_batch.num_reqs + 1]
+        written = {r: runner.input_ids.gpu[int(ends[row]) - reserved[r]:int(ends[row])].tolist()
+                   for row, r in enumerate(runner.input_batch.req_ids) if r in reserved}
+        runner.late_log.append((order, dict(reserved), written,
+                                meta.draft_token_ids.tolist()))
+
+    runner._write_late_drafts = recording
+    runner._lazy_suffix()
+    return runner._suffix_late_on
+
+
+def _late_log(worker):
+    return worker.model_runner.late_log
+
+
+def test_late_drafts_equal_plain_decoding(engines, smollm2_path, monkeypatch):
+    """SPECDEC_SUFFIX_LATE_DRAFTS=1: steps are prepared with placeholder drafts and the drafts
+    are written into the prepared input ids and the sampler's draft tokens just before the
+    forward pass. Output equals plain decoding's, and what each late step wrote is, in both
+    places, the proposer's padded draft."""
+    from vllm import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    plain = engines.get(smollm2_path, enable_prefix_caching=False)
+    want = [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
+    monkeypatch.setenv("SPECDEC_SUFFIX_ASYNC", "force")
+    monkeypatch.setenv("SPECDEC_UNIFORM_DRAFTS", "1")
+    monkeypatch.setenv("SPECDEC_SUFFIX_LATE_DRAFTS", "1")
+    # Probes every 16 plain steps and no hysteresis: more drafting steps to check.
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_PROBE_BUDGET", "0")
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_RESUME_GAIN", "0")
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    # A distinct max_num_seqs keeps this engine apart from the pool's others.
+    llm = engines.get(smollm2_path, adaptive=True, enable_prefix_caching=False,
+                      speculative_config=dict(SPEC), max_num_seqs=253)
+    assert llm.collective_rpc(_record_padding) == [True]
+    assert llm.collective_rpc(_record_late_writes) == [True]
+    got = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
+    [late] = llm.collective_rpc(_late_log)
+    [padding] = llm.collective_rpc(_padding_log)
+    assert got == want
+    assert len(late) == len(padding) > 0, (len(late), len(padding))
+    made = 0
+    for (order, reserved, written, sampler_drafts), (_, drafts, padded, _) in zip(late, padding):
+        assert written == {r: padded[r] for r in reserved}
+        assert sampler_drafts == [t for r in order for t in padded[r]]
+        made += sum(map(len, drafts.values()))
+    print(f"late: {len(late)} steps, {made} draft tokens made")
+    assert made > 0

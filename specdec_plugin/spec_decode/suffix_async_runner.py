@@ -31,13 +31,28 @@ token, repeated) instead of a trim, as the device n-gram path does (ngram_device
 request then verifies the same count, the step is a uniform decode batch and replays a full
 graph (adaptive/uniform_drafts.py says why that matters). The filler slots reach the scheduler
 as ``specdec_filler_drafts``, which it counts as invalid drafts.
+
+Late drafts (``SPECDEC_SUFFIX_LATE_DRAFTS=1``, with uniform draft lengths): the wait above sits at
+the start of ``execute_model(t+1)``, so the device idles through all of that step's input
+preparation (``_update_states``, ``_prepare_inputs``, attention metadata) as well as the wait
+and the drafting: a suffix step at synthetic acceptance 3.0 cost about 7.0 ms on an H200 where
+the device n-gram path's cost 4.9 and a plain step 4.5 (BENCHMARKS.md, session 55). With
+uniform lengths the batch layout does not depend on the drafts (every reserved slot is
+verified), so the step is prepared with placeholders (vLLM's own async path treats the host
+copies of draft tokens as placeholders too, gpu_input_batch.py ``update_req_spec_token_ids``)
+and ``_model_forward`` waits, drafts, and writes the drafts into the prepared input ids and
+into the rejection sampler's ``draft_token_ids``, both on the device in stream order before
+the forward pass. What is left on the path between the two steps is the wait, the suffix
+work and one small upload.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import torch
 
+from specdec_plugin import envs
 from specdec_plugin.adaptive.uniform_drafts import padded_draft
 from specdec_plugin.spec_decode.ngram_device import runner_pads_drafts
 from specdec_plugin.spec_decode.suffix_lazy import LazySuffixDrafts
@@ -57,11 +72,33 @@ def accepted_counts(sampled: torch.Tensor, discard: torch.Tensor, vocab_size: in
     return torch.where(counts > 0, last, torch.zeros_like(last)), counts
 
 
+def late_draft_slots(req_ids: list[str], query_end: np.ndarray,
+                     drafts: dict[str, list[int]]) -> tuple[list[int], list[int]]:
+    """Where each draft goes in a prepared step: (positions in the flat input ids, tokens), in
+    batch order, the order of the rejection sampler's ``draft_token_ids``. ``query_end[i]``:
+    where row i's tokens end (``query_start_loc[i + 1]``); a row's drafts are its last
+    ``len(draft)`` tokens (the sampled token comes first, gpu_model_runner.py
+    ``_prepare_input_ids``)."""
+    positions: list[int] = []
+    tokens: list[int] = []
+    for row, req_id in enumerate(req_ids):
+        draft = drafts.get(req_id)
+        if draft:
+            end = int(query_end[row])
+            positions.extend(range(end - len(draft), end))
+            tokens.extend(draft)
+    return positions, tokens
+
+
 class SuffixAsyncMixin:
     _suffix_state = _UNSET
     _suffix_pads: bool = False
     _suffix_reserved: dict[str, int] | None = None  # this step's reserved slots per request
     _suffix_step: list | None = None  # [k asked for the next step, proposer called]
+    _suffix_late_on: bool = False  # SPECDEC_SUFFIX_LATE_DRAFTS with uniform drafts
+    _suffix_late: dict[str, int] | None = None  # reserved slots whose drafts come at forward
+    _suffix_late_meta = None  # that step's SpecDecodeMetadata (its draft_token_ids)
+    _suffix_late_host: torch.Tensor | None = None  # [2, n] positions and tokens, pinned
 
     def _lazy_suffix(self) -> LazySuffixDrafts | None:
         if self._suffix_state is _UNSET:
@@ -71,6 +108,7 @@ class SuffixAsyncMixin:
             self._suffix_state = (LazySuffixDrafts(self.drafter, self.input_batch.vocab_size)
                                   if active else None)
             self._suffix_pads = active and runner_pads_drafts(self.vllm_config)
+            self._suffix_late_on = self._suffix_pads and envs.suffix_late_drafts()
         return self._suffix_state
 
     def execute_model(self, scheduler_output, intermediate_tensors=None):
@@ -82,8 +120,12 @@ class SuffixAsyncMixin:
                     if slots}
         self._suffix_reserved = reserved or None
         self._specdec_trimmed = self._specdec_filler = None
+        self._suffix_late = self._suffix_late_meta = None
         if not reserved:
             lazy.drain(wait=False)  # index the steps whose copies have landed; never wait
+            return super().execute_model(scheduler_output, intermediate_tensors)
+        if self._suffix_late_on and self._placeholder_drafts(reserved):
+            self._suffix_late = reserved  # drafted in _model_forward, after the preparation
             return super().execute_model(scheduler_output, intermediate_tensors)
         drafts = lazy.drafts(reserved)
         if self._suffix_pads:
@@ -130,23 +172,97 @@ class SuffixAsyncMixin:
         the tensor ``_prepare_input_ids`` scatters; also left in ``draft_token_ids_cpu``, where
         vLLM reads them for penalties (``_get_draft_token_ids_cpu``). Reusing that pinned buffer
         is safe: its last upload fed a step whose sampled tokens ``drafts`` has waited for."""
+        written = self._write_host_drafts(drafts)
+        if written is None:
+            return
+        rows, width = written
+        self._draft_token_ids = self.draft_token_ids_cpu[:rows, :width].to(
+            self.device, non_blocking=True, copy=True)
+        self.prev_num_spec_tokens = width
+        if self.draft_token_ids_event is not None:
+            self.draft_token_ids_event.record()
+
+    def _write_host_drafts(self, drafts: dict[str, list[int]]) -> tuple[int, int] | None:
+        """``drafts`` into ``draft_token_ids_cpu`` by the previous step's rows, -1 elsewhere;
+        returns (rows, width) to upload, or None when there is nothing to scatter."""
         width = max(map(len, drafts.values()), default=0)
         prev = self.input_batch.prev_req_id_to_index or {}
         if not width or not prev:
-            return
-        host = self.draft_token_ids_cpu
-        rows = max(prev.values()) + 1
-        view = host.numpy()  # the same pinned memory; numpy writes cost no tensor per row
+            return None
+        view = self.draft_token_ids_cpu.numpy()  # the same pinned memory; no tensor per row
         view[:, :width] = -1  # every row: vLLM may read rows past the last request (prefills)
         for req_id, draft in drafts.items():
             row = prev.get(req_id)
             if draft and row is not None:
                 view[row, :len(draft)] = draft
-        self._draft_token_ids = host[:rows, :width].to(self.device, non_blocking=True,
-                                                       copy=True)
+        return max(prev.values()) + 1, width
+
+    # ---- late drafts (SPECDEC_SUFFIX_LATE_DRAFTS) ----
+    def _placeholder_drafts(self, reserved: dict[str, int]) -> bool:
+        """What vLLM's preparation scatters in place of the drafts (zeros, overwritten in
+        ``_model_forward``), shaped as ``_upload_drafts`` would shape the real ones. False:
+        no previous rows to scatter from, so the step drafts early as before."""
+        prev = self.input_batch.prev_req_id_to_index or {}
+        if not prev or any(req_id not in prev for req_id in reserved):
+            return False
+        rows, width = max(prev.values()) + 1, max(reserved.values())
+        self._draft_token_ids = torch.zeros((rows, width), dtype=torch.int32,
+                                            device=self.device)
         self.prev_num_spec_tokens = width
+        return True
+
+    def _calc_spec_decode_metadata(self, *args, **kwargs):
+        meta = super()._calc_spec_decode_metadata(*args, **kwargs)
+        if self._suffix_late is not None:
+            self._suffix_late_meta = meta  # its draft_token_ids are gathered from placeholders
+        return meta
+
+    def _model_forward(self, *args, **kwargs):
+        reserved, self._suffix_late = self._suffix_late, None
+        if reserved is not None:
+            self._write_late_drafts(reserved)
+        return super()._model_forward(*args, **kwargs)
+
+    def _write_late_drafts(self, reserved: dict[str, int]) -> None:
+        """Wait for the previous step's tokens, draft, and put the drafts where the prepared
+        step reads them: the input ids and the rejection sampler's ``draft_token_ids`` (device,
+        stream order: before the forward pass and the sampler), and the host copy vLLM reads
+        for penalties (``draft_token_ids_cpu``)."""
+        lazy = self._suffix_state
+        drafts = self._padded_drafts(lazy, reserved, lazy.drafts(reserved))
+        meta, self._suffix_late_meta = self._suffix_late_meta, None
+        positions, tokens = late_draft_slots(
+            self.input_batch.req_ids, self.query_start_loc.np[1:self.input_batch.num_reqs + 1],
+            drafts)
+        if meta is None or meta.draft_token_ids.numel() != len(tokens):
+            raise RuntimeError(
+                f"specdec_plugin: late suffix drafts ({len(tokens)} tokens) do not fit the "
+                f"prepared step ({None if meta is None else meta.draft_token_ids.numel()} "
+                "draft slots); run with SPECDEC_SUFFIX_LATE_DRAFTS=0 and report this")
+        self._write_host_drafts(drafts)
         if self.draft_token_ids_event is not None:
             self.draft_token_ids_event.record()
+        if not tokens:
+            return
+        host = self._late_host_buffer(len(tokens))
+        view = host.numpy()  # the same pinned memory
+        view[0, :len(tokens)] = positions
+        view[1, :len(tokens)] = tokens
+        # Safe to reuse the buffer: its previous upload fed a step whose output drafts() has
+        # waited for.
+        slots = host[:, :len(tokens)].to(self.device, non_blocking=True, copy=True)
+        ids = slots[1].to(self.input_ids.gpu.dtype)
+        self.input_ids.gpu.index_copy_(0, slots[0], ids)
+        meta.draft_token_ids.copy_(ids)
+
+    def _late_host_buffer(self, n: int) -> torch.Tensor:
+        buffer = self._suffix_late_host
+        if buffer is None or buffer.shape[1] < n:
+            size = max(n, self.input_ids.gpu.shape[0])
+            buffer = torch.empty((2, size), dtype=torch.int64,
+                                 pin_memory=self.device_layer.pin_memory)
+            self._suffix_late_host = buffer
+        return buffer
 
     def _update_states(self, scheduler_output, *args, **kwargs):
         result = super()._update_states(scheduler_output, *args, **kwargs)

@@ -10,7 +10,9 @@ full graphs) in their own processes (engine-core processes: patch P12's second p
   target's top-2 logits, as tests/gpu/test_spec_decode_gpu.py allows), bf16 on >= 80% with
   every other prompt splitting at a bf16 near-tie (tests/gpu/ties.py), with
   adaptive drafting off (K every step) and on (lengths 0..K, the lazy path's k = 0 steps,
-  short drafts padded to the step's length: SPECDEC_UNIFORM_DRAFTS, the CUDA default);
+  short drafts padded to the step's length: SPECDEC_UNIFORM_DRAFTS, the CUDA default), and
+  adaptive with the drafts written late (SPECDEC_SUFFIX_LATE_DRAFTS=1; added in session 55,
+  not yet run on a GPU);
 - fp32, adaptive off: the same drafts as the synchronous proposer, so the same accepted tokens
   (when both outputs are equal; a margin for the last step, which async scheduling cuts
   differently at max_tokens).
@@ -56,6 +58,9 @@ def _jobs(smollm2: str) -> dict[str, dict]:
     jobs["float32/suffix-async-adaptive"] = job("float32", SUFFIX, {**on, "SPECDEC_ADAPTIVE": "1"})
     jobs["bfloat16/suffix-async-adaptive"] = job("bfloat16", SUFFIX,
                                                  {**on, "SPECDEC_ADAPTIVE": "1"})
+    late = {**on, "SPECDEC_ADAPTIVE": "1", "SPECDEC_SUFFIX_LATE_DRAFTS": "1"}
+    for dtype in ("float32", "bfloat16"):
+        jobs[f"{dtype}/suffix-late-adaptive"] = job(dtype, SUFFIX, late)
     return jobs
 
 
@@ -72,7 +77,8 @@ def results():
 
 def test_the_variable_turns_async_scheduling_on_for_suffix(results):
     for name in ("float32/suffix-async", "bfloat16/suffix-async",
-                 "float32/suffix-async-adaptive", "bfloat16/suffix-async-adaptive"):
+                 "float32/suffix-async-adaptive", "bfloat16/suffix-async-adaptive",
+                 "float32/suffix-late-adaptive", "bfloat16/suffix-late-adaptive"):
         single_batch(results, name)
         assert results[name]["async_scheduling"] is True, name
     assert results["float32/suffix-sync"]["async_scheduling"] is False
@@ -82,7 +88,8 @@ def test_the_variable_turns_async_scheduling_on_for_suffix(results):
 
 def test_fp32_greedy_output_equals_no_speculation(results):
     want = single_batch(results, "float32/none")["token_ids"]
-    for name in ("float32/suffix-async", "float32/suffix-async-adaptive"):
+    for name in ("float32/suffix-async", "float32/suffix-async-adaptive",
+                 "float32/suffix-late-adaptive"):
         got = single_batch(results, name)["token_ids"]
         same = count_equal(got, want)
         assert same >= len(want) - 1, f"{name}: {same}/{len(want)} prompts equal no speculation"
@@ -92,7 +99,8 @@ def test_bf16_greedy_output_equals_no_speculation_but_near_ties(results):
     from tests.prompts_gpu import BENCH_PROMPTS
 
     want = single_batch(results, "bfloat16/none")["token_ids"]
-    for name in ("bfloat16/suffix-async", "bfloat16/suffix-async-adaptive"):
+    for name in ("bfloat16/suffix-async", "bfloat16/suffix-async-adaptive",
+                 "bfloat16/suffix-late-adaptive"):
         got = single_batch(results, name)["token_ids"]
         assert_flips_are_near_ties(results["_smollm2"], BENCH_PROMPTS, want, got, name,
                                    BF16_MIN_EQUAL)
