@@ -32,6 +32,15 @@ SPEC = {"method": "suffix", "num_speculative_tokens": K,
         "suffix_decoding_max_cached_requests": 0}
 
 
+def _plain_answers(engines, smollm2_path):
+    """The requests' sampling parameters and plain decoding's greedy answers to them."""
+    from vllm import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    plain = engines.get(smollm2_path, enable_prefix_caching=False)
+    return params, [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
+
+
 # Run in the engine's worker (LLM.collective_rpc, in-process engine).
 def _record_drafts(worker):
     runner = worker.model_runner
@@ -124,13 +133,9 @@ def test_adaptive_drafting_counts_only_the_drafts_made(engines, smollm2_path, mo
     """The adaptive scheduler under async scheduling (what users get): lossless, and the
     counters it learns from count the drafts the proposer made, not the slots it reserved
     (trimmed slots reach it as ``ngram_gpu``'s do)."""
-    from vllm import SamplingParams
-
     from tests.engine_pool import counter_delta, counters
 
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
-    plain = engines.get(smollm2_path, enable_prefix_caching=False)
-    want = [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
+    params, want = _plain_answers(engines, smollm2_path)
     # Read when the engine config is built here and by the engine process it starts; callables
     # reach the worker only with insecure serialization.
     monkeypatch.setenv("SPECDEC_SUFFIX_ASYNC", "force")
@@ -179,13 +184,9 @@ def test_uniform_drafts_pad_instead_of_trim(engines, smollm2_path, monkeypatch):
     """SPECDEC_UNIFORM_DRAFTS=1 (the CUDA default) under async scheduling: every reserved slot
     is verified (a short draft is filled with the request's newest token, never trimmed), the
     output is still plain decoding's, and vLLM's counters count the drafts made, not filler."""
-    from vllm import SamplingParams
-
     from tests.engine_pool import counter_delta, counters
 
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
-    plain = engines.get(smollm2_path, enable_prefix_caching=False)
-    want = [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
+    params, want = _plain_answers(engines, smollm2_path)
     monkeypatch.setenv("SPECDEC_SUFFIX_ASYNC", "force")
     monkeypatch.setenv("SPECDEC_UNIFORM_DRAFTS", "1")
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -245,11 +246,7 @@ def test_late_drafts_equal_plain_decoding(engines, smollm2_path, monkeypatch):
     are written into the prepared input ids and the sampler's draft tokens just before the
     forward pass. Output equals plain decoding's, and what each late step wrote is, in both
     places, the proposer's padded draft."""
-    from vllm import SamplingParams
-
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
-    plain = engines.get(smollm2_path, enable_prefix_caching=False)
-    want = [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
+    params, want = _plain_answers(engines, smollm2_path)
     monkeypatch.setenv("SPECDEC_SUFFIX_ASYNC", "force")
     monkeypatch.setenv("SPECDEC_UNIFORM_DRAFTS", "1")
     monkeypatch.setenv("SPECDEC_SUFFIX_LATE_DRAFTS", "1")
