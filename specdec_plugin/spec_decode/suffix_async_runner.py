@@ -99,6 +99,7 @@ class SuffixAsyncMixin:
     _suffix_late: dict[str, int] | None = None  # reserved slots whose drafts come at forward
     _suffix_late_meta = None  # that step's SpecDecodeMetadata (its draft_token_ids)
     _suffix_late_host: torch.Tensor | None = None  # [2, n] positions and tokens, pinned
+    _suffix_placeholders: torch.Tensor | None = None  # device zeros, read in place of drafts
 
     def _lazy_suffix(self) -> LazySuffixDrafts | None:
         if self._suffix_state is _UNSET:
@@ -187,7 +188,8 @@ class SuffixAsyncMixin:
         returns (rows, width) to upload, or None when there is nothing to scatter."""
         width = max(map(len, drafts.values()), default=0)
         prev = self.input_batch.prev_req_id_to_index or {}
-        if not width or not prev:
+        rows = self._previous_rows()
+        if not width or not rows:
             return None
         view = self.draft_token_ids_cpu.numpy()  # the same pinned memory; no tensor per row
         view[:, :width] = -1  # every row: vLLM may read rows past the last request (prefills)
@@ -195,7 +197,12 @@ class SuffixAsyncMixin:
             row = prev.get(req_id)
             if draft and row is not None:
                 view[row, :len(draft)] = draft
-        return max(prev.values()) + 1, width
+        return rows, width
+
+    def _previous_rows(self) -> int:
+        """Rows of the previous step's batch that vLLM scatters drafts from (0: none)."""
+        prev = self.input_batch.prev_req_id_to_index
+        return max(prev.values()) + 1 if prev else 0
 
     # ---- late drafts (SPECDEC_SUFFIX_LATE_DRAFTS) ----
     def _placeholder_drafts(self, reserved: dict[str, int]) -> bool:
@@ -205,9 +212,16 @@ class SuffixAsyncMixin:
         prev = self.input_batch.prev_req_id_to_index or {}
         if not prev or any(req_id not in prev for req_id in reserved):
             return False
-        rows, width = max(prev.values()) + 1, max(reserved.values())
-        self._draft_token_ids = torch.zeros((rows, width), dtype=torch.int32,
-                                            device=self.device)
+        rows, width = self._previous_rows(), max(reserved.values())
+        zeros = self._suffix_placeholders
+        if zeros is None or zeros.shape[0] < rows or zeros.shape[1] < width:
+            # Once, at the host buffer's full shape: nothing writes into it, so every late
+            # step reads a slice of the same zeros.
+            shape = (max(rows, self.draft_token_ids_cpu.shape[0]),
+                     max(width, self.draft_token_ids_cpu.shape[1]))
+            zeros = torch.zeros(shape, dtype=torch.int32, device=self.device)
+            self._suffix_placeholders = zeros
+        self._draft_token_ids = zeros[:rows, :width]
         self.prev_num_spec_tokens = width
         return True
 
