@@ -9,7 +9,8 @@ per-position acceptance at each batch size, and the ratio ours/native.
     python benchmarks/bench_gpu_side_by_side.py --out results/ [--model llama7b-random]
         [--methods none,draft_model,eagle,eagle3,ngram,suffix] [--batches 1,16]
         [--backends native,ours,ours-static,ours-defer,ours-nodefer,ours-async,native-async,ours-sync,
-                    ours-uniform,ours-ragged,ours-suffix-async,ours-suffix-sync,ours-suffix-late,ours-observed,
+                    ours-uniform,ours-ragged,ours-suffix-async,ours-suffix-sync,ours-suffix-late,ours-suffix-early,
+                    ours-observed,
                     ours-unpadded]
 
 Models:
@@ -220,11 +221,14 @@ BACKENDS = {
     "ours-suffix-sync": Backend("ours", "specdec_plugin, suffix with synchronous scheduling",
                                 env={"SPECDEC_SUFFIX_ASYNC": "0"}, methods=frozenset({"suffix"})),
     # Suffix drafts written into the prepared step just before its forward pass instead of
-    # waited for before its preparation (spec_decode/suffix_async_runner.py; session 55,
-    # opt-in until timed here).
+    # waited for before its preparation (spec_decode/suffix_async_runner.py; session 55):
+    # "ours" on CUDA since session 58's H200 run; these two name each side.
     "ours-suffix-late": Backend("ours", "specdec_plugin, suffix drafts written late",
                                 env={"SPECDEC_SUFFIX_LATE_DRAFTS": "1"},
                                 methods=frozenset({"suffix"})),
+    "ours-suffix-early": Backend("ours", "specdec_plugin, suffix drafts before preparation",
+                                 env={"SPECDEC_SUFFIX_LATE_DRAFTS": "0"},
+                                 methods=frozenset({"suffix"})),
 }
 _COLUMNS = [name.replace("-", "_") for name in BACKENDS]  # their keys in the JSON rows
 
@@ -442,7 +446,7 @@ def main() -> None:
                              "and suffix with SPECDEC_UNIFORM_DRAFTS=1 / 0; ours-suffix-async: "
                              "suffix decoding under async scheduling, SPECDEC_SUFFIX_ASYNC=1 (the CUDA "
                              "default); ours-suffix-sync: SPECDEC_SUFFIX_ASYNC=0; ours-suffix-late: "
-                             "SPECDEC_SUFFIX_LATE_DRAFTS=1; "
+                             "SPECDEC_SUFFIX_LATE_DRAFTS=1 (the CUDA default); ours-suffix-early: =0; "
                              "ours-observed / ours-table: SPECDEC_ADAPTIVE_OBSERVED_COST=1 / 0; ours-observed-iqm: "
                              "SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR=iqm; ours-resume0: "
                              "SPECDEC_ADAPTIVE_RESUME_GAIN=0; ours-protect: "

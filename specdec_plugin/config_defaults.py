@@ -26,11 +26,16 @@ _FUSION_PASSES = (
 )
 
 
+def apply_process_env(device: "DeviceLayer") -> None:
+    """The device layer's environment defaults, each only where the user set nothing."""
+    for name, value in device.process_env.items():
+        os.environ.setdefault(name, value)
+
+
 def apply_defaults(config: "VllmConfig", device: "DeviceLayer", worker_cls: str) -> None:
     from vllm.config.compilation import CompilationMode, CUDAGraphMode
 
-    for name, value in device.process_env.items():
-        os.environ.setdefault(name, value)
+    apply_process_env(device)
 
     parallel = config.parallel_config
     if parallel.worker_cls == "auto":

@@ -116,7 +116,8 @@
 - ``SPECDEC_SUFFIX_LATE_DRAFTS=1``: with ``SPECDEC_SUFFIX_ASYNC`` and uniform drafts, a step
   that verifies suffix drafts prepares its inputs first and waits for the previous step's
   tokens only just before the forward pass, where it writes the drafts into the prepared
-  inputs (spec_decode/suffix_async_runner.py). Opt-in until timed on a GPU.
+  inputs (spec_decode/suffix_async_runner.py). Unset: ``1`` on CUDA GPUs (the device
+  layer's process_env, since session 58's H200 run), ``0`` elsewhere.
 - ``SPECDEC_CPU_LINEAR=auto|bf16w|fp32|bf16|torch``: weights of the linear layers and the LM
   head on CPU, packed once at load (device/cpu.py ``linear_packing``, per weight). ``auto``
   (default): weights whose values are all bfloat16 (a bfloat16 checkpoint, in float32 or
@@ -205,7 +206,8 @@ def uniform_drafts() -> bool:
 
 
 def suffix_late_drafts() -> bool:
-    # Opt-in until timed on a GPU (spec_decode/suffix_async_runner.py says what it moves).
+    # Unset: "0" here; the CUDA device layer sets "1" in its process_env (timed on the H200 in
+    # session 58; spec_decode/suffix_async_runner.py says what it moves).
     return os.environ.get("SPECDEC_SUFFIX_LATE_DRAFTS", "0").strip().lower() in _TRUE
 
 

@@ -222,6 +222,29 @@ def test_late_draft_slots_are_each_rows_last_tokens_in_batch_order():
     assert tokens == want_tokens and len(set(positions)) == len(positions)
 
 
+def test_late_drafts_are_the_cuda_default_and_a_user_setting_wins(monkeypatch):
+    """Late drafts are on by default on CUDA only (session 58's H200 run), together with the
+    uniform draft lengths they need; the CPU keeps drafting before the preparation. The device
+    layer's value is a default (``os.environ.setdefault`` in config_defaults.py): a user's
+    ``SPECDEC_SUFFIX_LATE_DRAFTS=0`` stays."""
+    from specdec_plugin import envs
+    from specdec_plugin.config_defaults import apply_process_env
+    from specdec_plugin.device.cpu import CpuDevice
+    from specdec_plugin.device.cuda import CudaDevice
+
+    for device in (CudaDevice, CpuDevice):
+        for name in device.process_env:
+            monkeypatch.delenv(name, raising=False)  # restored after the test
+    monkeypatch.delenv("SPECDEC_SUFFIX_LATE_DRAFTS", raising=False)
+    apply_process_env(CpuDevice)
+    assert envs.suffix_late_drafts() is False
+    apply_process_env(CudaDevice)
+    assert envs.suffix_late_drafts() is True and envs.uniform_drafts() is True
+    monkeypatch.setenv("SPECDEC_SUFFIX_LATE_DRAFTS", "0")
+    apply_process_env(CudaDevice)
+    assert envs.suffix_late_drafts() is False
+
+
 @pytest.mark.parametrize("env,user,want", [
     (None, None, False),  # off by default: vLLM turns it off for suffix
     ("1", None, False),  # vLLM turns it on (P12), the CPU device off (no streams)...
