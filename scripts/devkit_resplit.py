@@ -15,7 +15,13 @@ stage.sh and a PARTS count, exactly as build.sh lays them out.
     # the image's torch and overlaps the staging; `build-wait` before the first job)
 
 Staging is 9 short runs (5 kit parts, 4 SmolLM2 parts), about 1.5 minutes held if the build
-overlaps it. Check `lease.counts` in each reply: some machines count held time in full, and a
+overlaps it. Faster (sessions 57 and 58: 7 runs, about 140 s held from a bare machine): move
+the four drafters' *.safetensors out of specdec_plugin/assets/drafters for the staging runs
+only (the tree then weighs 16 MB), cut with --max-mb 42 here and in stage_smollm2.py, and
+carry the small last kit part together with the first SmolLM2 part. Move the weights back
+before the run that starts a job (EAGLE-3 and the other drafters need them) and check
+`git status` shows no deleted file before any commit: a host lost in between loses them only
+from the tree (they are tracked; `git checkout -- specdec_plugin/assets/drafters`). Check `lease.counts` in each reply: some machines count held time in full, and a
 job sized for a 67% machine does not fit the same budget on one of those (session 23).
 Send part1's run alone and go on only once it succeeded: in session 29 it found no machine
 (about 160 s of budget gone), and the runs queued behind it started a fresh machine without
