@@ -229,8 +229,14 @@ def _record_late_writes(worker):
         ends = runner.query_start_loc.np[1:runner.input_batch.num_reqs + 1]
         written = {r: runner.input_ids.gpu[int(ends[row]) - reserved[r]:int(ends[row])].tolist()
                    for row, r in enumerate(runner.input_batch.req_ids) if r in reserved}
+        # What _sample will read for penalties (gpu_model_runner.py: _get_draft_token_ids_cpu,
+        # only kept when a request uses penalties or bad words): nothing writes in between.
+        host = None
+        if runner._draft_token_req_ids is not None:
+            drafts, req_ids = runner._get_draft_token_ids_cpu()
+            host = dict(zip(req_ids, drafts))
         runner.late_log.append((order, dict(reserved), written,
-                                meta.draft_token_ids.tolist()))
+                                meta.draft_token_ids.tolist(), host))
 
     runner._write_late_drafts = recording
     runner._lazy_suffix()
@@ -247,6 +253,45 @@ def test_late_drafts_equal_plain_decoding(engines, smollm2_path, monkeypatch):
     forward pass. Output equals plain decoding's, and what each late step wrote is, in both
     places, the proposer's padded draft."""
     params, want = _plain_answers(engines, smollm2_path)
+    late, padding = _late_run(engines, smollm2_path, monkeypatch, params, want)
+    made = 0
+    for (order, reserved, written, sampler_drafts, host), (_, drafts, padded, _) in zip(late,
+                                                                                        padding):
+        assert written == {r: padded[r] for r in reserved}
+        assert sampler_drafts == [t for r in order for t in padded[r]]
+        assert host is None  # greedy without penalties: vLLM keeps no host copy
+        made += sum(map(len, drafts.values()))
+    print(f"late: {len(late)} steps, {made} draft tokens made")
+    assert made > 0
+
+
+def test_late_drafts_reach_penalties(engines, smollm2_path, monkeypatch):
+    """Penalties read each verified position's context from the host copy of the drafts
+    (``_get_draft_token_ids_cpu`` in vLLM's ``_sample``), which a late step writes in
+    ``_model_forward``, after the step's preparation. Greedy with repetition, frequency and
+    presence penalties equals plain decoding with the same penalties, and the host copy each
+    late step leaves for the sampler is the padded drafts it verifies."""
+    from vllm import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True,
+                             repetition_penalty=1.2, frequency_penalty=0.3,
+                             presence_penalty=0.2) for n in MAX_TOKENS]
+    plain = engines.get(smollm2_path, enable_prefix_caching=False)
+    want = [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
+    late, padding = _late_run(engines, smollm2_path, monkeypatch, params, want)
+    checked = 0
+    for (_, reserved, _, _, host), (_, _, padded, _) in zip(late, padding):
+        assert host is not None, "penalties in use: vLLM keeps the host copy of the drafts"
+        for req_id in reserved:
+            assert host[req_id] == padded[req_id], (req_id, host[req_id], padded[req_id])
+            checked += 1
+    print(f"late with penalties: {len(late)} steps, {checked} host drafts checked")
+    assert checked > 0
+
+
+def _late_run(engines, smollm2_path, monkeypatch, params, want):
+    """The late-drafts engine's answers to PROMPTS under ``params``, checked against ``want``;
+    returns its late steps' and padding's logs for this run."""
     monkeypatch.setenv("SPECDEC_SUFFIX_ASYNC", "force")
     monkeypatch.setenv("SPECDEC_UNIFORM_DRAFTS", "1")
     monkeypatch.setenv("SPECDEC_SUFFIX_LATE_DRAFTS", "1")
@@ -254,20 +299,15 @@ def test_late_drafts_equal_plain_decoding(engines, smollm2_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_ADAPTIVE_PROBE_BUDGET", "0")
     monkeypatch.setenv("SPECDEC_ADAPTIVE_RESUME_GAIN", "0")
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    # A distinct max_num_seqs keeps this engine apart from the pool's others.
+    # A distinct max_num_seqs keeps this engine apart from the pool's others; the tests that
+    # use it share it.
     llm = engines.get(smollm2_path, adaptive=True, enable_prefix_caching=False,
                       speculative_config=dict(SPEC), max_num_seqs=253)
-    assert llm.collective_rpc(_record_padding) == [True]
+    assert llm.collective_rpc(_record_padding) == [True]  # fresh logs for this run
     assert llm.collective_rpc(_record_late_writes) == [True]
     got = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
     [late] = llm.collective_rpc(_late_log)
     [padding] = llm.collective_rpc(_padding_log)
     assert got == want
     assert len(late) == len(padding) > 0, (len(late), len(padding))
-    made = 0
-    for (order, reserved, written, sampler_drafts), (_, drafts, padded, _) in zip(late, padding):
-        assert written == {r: padded[r] for r in reserved}
-        assert sampler_drafts == [t for r in order for t in padded[r]]
-        made += sum(map(len, drafts.values()))
-    print(f"late: {len(late)} steps, {made} draft tokens made")
-    assert made > 0
+    return late, padding
