@@ -323,9 +323,59 @@ def test_late_drafts_reach_penalties(engines, smollm2_path, monkeypatch):
     assert checked > 0
 
 
-def _late_run(engines, smollm2_path, monkeypatch, params, want):
-    """The late-drafts engine's answers to PROMPTS under ``params``, checked against ``want``;
-    returns its late steps' and padding's logs for this run, and its outputs."""
+def test_a_late_step_whose_drafts_do_not_fit_fails_no_request(engines, smollm2_path,
+                                                              monkeypatch):
+    """Late drafts that do not fit the prepared step (a layout the path did not foresee; here
+    forced by dropping one draft token from the slots) must not end the engine: that step
+    verifies its placeholders, later steps draft before their preparation, and every answer
+    still equals plain decoding's. Last of the late tests: it turns the path off in the
+    shared engine (and back on at the end)."""
+    params, want = _plain_answers(engines, smollm2_path)
+    llm = _late_engine(engines, smollm2_path, monkeypatch)
+    assert llm.collective_rpc(_misfit_once) == [True]
+    try:
+        outs = llm.generate(PROMPTS, params)
+        [(misfits, late_on)] = llm.collective_rpc(_misfit_report)
+    finally:
+        llm.collective_rpc(_misfit_undo)
+    assert misfits == 1 and late_on is False, (misfits, late_on)
+    assert [list(o.outputs[0].token_ids) for o in outs] == want
+
+
+# Run in the engine's worker: the next late step's slots lose their last token, once.
+def _misfit_once(worker):
+    from specdec_plugin.spec_decode import suffix_async_runner as module
+
+    runner = worker.model_runner
+    slots = module.late_draft_slots
+    runner.misfits = 0
+
+    def short(*args):
+        positions, tokens = slots(*args)
+        if tokens and not runner.misfits:
+            runner.misfits += 1
+            return positions[:-1], tokens[:-1]
+        return positions, tokens
+
+    module.late_draft_slots, module._saved_slots = short, slots
+    runner._lazy_suffix()
+    return runner._suffix_late_on
+
+
+def _misfit_report(worker):
+    return worker.model_runner.misfits, worker.model_runner._suffix_late_on
+
+
+def _misfit_undo(worker):
+    from specdec_plugin.spec_decode import suffix_async_runner as module
+
+    module.late_draft_slots = module.__dict__.pop("_saved_slots", module.late_draft_slots)
+    worker.model_runner._suffix_late_on = True
+
+
+def _late_engine(engines, smollm2_path, monkeypatch):
+    """The engine the late-drafts tests share: suffix under async scheduling with uniform and
+    late drafts, forced on the CPU."""
     monkeypatch.setenv("SPECDEC_SUFFIX_ASYNC", "force")
     monkeypatch.setenv("SPECDEC_UNIFORM_DRAFTS", "1")
     monkeypatch.setenv("SPECDEC_SUFFIX_LATE_DRAFTS", "1")
@@ -333,10 +383,15 @@ def _late_run(engines, smollm2_path, monkeypatch, params, want):
     monkeypatch.setenv("SPECDEC_ADAPTIVE_PROBE_BUDGET", "0")
     monkeypatch.setenv("SPECDEC_ADAPTIVE_RESUME_GAIN", "0")
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    # A distinct max_num_seqs keeps this engine apart from the pool's others; the tests that
-    # use it share it.
-    llm = engines.get(smollm2_path, adaptive=True, enable_prefix_caching=False,
-                      speculative_config=dict(SPEC), max_num_seqs=253)
+    # A distinct max_num_seqs keeps this engine apart from the pool's others.
+    return engines.get(smollm2_path, adaptive=True, enable_prefix_caching=False,
+                       speculative_config=dict(SPEC), max_num_seqs=253)
+
+
+def _late_run(engines, smollm2_path, monkeypatch, params, want):
+    """The late-drafts engine's answers to PROMPTS under ``params``, checked against ``want``;
+    returns its late steps' and padding's logs for this run, and its outputs."""
+    llm = _late_engine(engines, smollm2_path, monkeypatch)
     assert llm.collective_rpc(_record_padding) == [True]  # fresh logs for this run
     assert llm.collective_rpc(_record_late_writes) == [True]
     outs = llm.generate(PROMPTS, params)

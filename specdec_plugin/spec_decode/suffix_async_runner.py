@@ -55,9 +55,11 @@ import torch
 
 from specdec_plugin import envs
 from specdec_plugin.adaptive.uniform_drafts import padded_draft
+from specdec_plugin.log import init_logger
 from specdec_plugin.spec_decode.ngram_device import runner_pads_drafts
 from specdec_plugin.spec_decode.suffix_lazy import LazySuffixDrafts
 
+logger = init_logger(__name__)
 _UNSET = object()
 
 
@@ -250,10 +252,8 @@ class SuffixAsyncMixin:
             self.input_batch.req_ids, self.query_start_loc.np[1:self.input_batch.num_reqs + 1],
             drafts)
         if meta is None or meta.draft_token_ids.numel() != len(tokens):
-            raise RuntimeError(
-                f"specdec_plugin: late suffix drafts ({len(tokens)} tokens) do not fit the "
-                f"prepared step ({None if meta is None else meta.draft_token_ids.numel()} "
-                "draft slots); run with SPECDEC_SUFFIX_LATE_DRAFTS=0 and report this")
+            self._late_drafts_misfit(reserved, meta, len(tokens))
+            return
         self._write_host_drafts(drafts)
         if self.draft_token_ids_event is not None:
             self.draft_token_ids_event.record()
@@ -269,6 +269,25 @@ class SuffixAsyncMixin:
         ids = slots[1].to(self.input_ids.gpu.dtype)
         self.input_ids.gpu.index_copy_(0, slots[0], ids)
         meta.draft_token_ids.copy_(ids)
+
+    def _late_drafts_misfit(self, reserved: dict[str, int], meta, num_tokens: int) -> None:
+        """The drafts do not fit the prepared step: a layout this path did not foresee (a bug).
+        Not a reason to fail every request in the engine: this step verifies its placeholder
+        drafts, which costs nothing in correctness (verification keeps only what the target
+        itself picks: greedy, its argmax; sampled, rejection sampling is exact for any draft),
+        the host copy that penalties read says the same placeholders, no slot is counted as a
+        draft, and later steps draft before their preparation (SPECDEC_SUFFIX_LATE_DRAFTS=0's
+        path)."""
+        slots = None if meta is None else meta.draft_token_ids.numel()
+        logger.error("specdec_plugin: late suffix drafts (%d tokens) do not fit the prepared "
+                     "step (%s draft slots); this step verifies placeholders and later steps "
+                     "draft before their preparation. Please report this; "
+                     "SPECDEC_SUFFIX_LATE_DRAFTS=0 avoids the path.", num_tokens, slots)
+        self._suffix_late_on = False
+        self._specdec_filler = dict(reserved)
+        self._write_host_drafts({req_id: [0] * n for req_id, n in reserved.items()})
+        if self.draft_token_ids_event is not None:
+            self.draft_token_ids_event.record()
 
     def _late_host_buffer(self, n: int) -> torch.Tensor:
         buffer = self._suffix_late_host
