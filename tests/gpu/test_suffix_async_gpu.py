@@ -12,7 +12,7 @@ full graphs) in their own processes (engine-core processes: patch P12's second p
   adaptive drafting off (K every step) and on (lengths 0..K, the lazy path's k = 0 steps,
   short drafts padded to the step's length: SPECDEC_UNIFORM_DRAFTS, the CUDA default), and
   adaptive with the drafts written late (SPECDEC_SUFFIX_LATE_DRAFTS=1; added in session 55,
-  not yet run on a GPU);
+  passed on the H200 in session 58 and the CUDA default since);
 - fp32, adaptive off: the same drafts as the synchronous proposer, so the same accepted tokens
   (when both outputs are equal; a margin for the last step, which async scheduling cuts
   differently at max_tokens).
