@@ -34,9 +34,10 @@ as ``specdec_filler_drafts``, which it counts as invalid drafts.
 
 Late drafts (``SPECDEC_SUFFIX_LATE_DRAFTS=1``, the CUDA default since session 58, with uniform
 draft lengths): the wait above sits at the start of ``execute_model(t+1)``, so the device
-idles through all of that step's input preparation (``_update_states``, ``_prepare_inputs``, attention metadata) as well as the wait
-and the drafting: a suffix step at synthetic acceptance 3.0 cost about 7.0 ms on an H200 where
-the device n-gram path's cost 4.9 and a plain step 4.5 (BENCHMARKS.md, session 55). With
+idles through all of that step's input preparation (``_update_states``, ``_prepare_inputs``,
+attention metadata) as well as the wait and the drafting: a suffix step at synthetic
+acceptance 3.0 cost about 7.0 ms on an H200 where the device n-gram path's cost 4.9 and a
+plain step 4.5 (BENCHMARKS.md, session 55). With
 uniform lengths the batch layout does not depend on the drafts (every reserved slot is
 verified), so the step is prepared with placeholders (vLLM's own async path treats the host
 copies of draft tokens as placeholders too, gpu_input_batch.py ``update_req_spec_token_ids``)
