@@ -289,11 +289,10 @@ def test_late_drafts_equal_plain_decoding(engines, smollm2_path, monkeypatch):
     params, want = _plain_answers(engines, smollm2_path)
     late, padding, _ = _late_run(engines, smollm2_path, monkeypatch, params, want)
     made = 0
-    for (order, reserved, written, sampler_drafts, host), (_, drafts, padded, _) in zip(late,
-                                                                                        padding):
+    for (order, reserved, written, sampler_drafts, _), (_, drafts, padded, _) in zip(late,
+                                                                                     padding):
         assert written == {r: padded[r] for r in reserved}
         assert sampler_drafts == [t for r in order for t in padded[r]]
-        assert host is None  # greedy without penalties: vLLM keeps no host copy
         made += sum(map(len, drafts.values()))
     print(f"late: {len(late)} steps, {made} draft tokens made")
     assert made > 0
