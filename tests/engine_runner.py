@@ -21,6 +21,7 @@ A job is a dict:
     repeats      timed runs per batch (median reported)
     warmups      untimed runs before them (default 2)
     tokens       true: also return the generated token ids of the first timed run
+    sampling     extra ``SamplingParams`` keyword arguments (penalties, ...; still greedy)
     env          extra environment variables for the engine's process (e.g. the native
                  backend's model runner: ``{"VLLM_USE_V2_MODEL_RUNNER": "0"}``)
 
@@ -173,7 +174,8 @@ def run_job(job: dict) -> dict:
               "capture_sizes": list(config.compilation_config.cudagraph_capture_sizes or []),
               "async_scheduling": bool(config.scheduler_config.async_scheduling),
               "batches": {}}
-    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True,
+                            **job.get("sampling", {}))
     if "workloads" in job:
         cells = [(f"{name}:{batch}", cell_rounds(job, batch, {"prompts": prompts}), batch)
                  for name, prompts in job["workloads"].items() for batch in job["batches"]]

@@ -12,7 +12,10 @@ full graphs) in their own processes (engine-core processes: patch P12's second p
   adaptive drafting off (K every step) and on (lengths 0..K, the lazy path's k = 0 steps,
   short drafts padded to the step's length: SPECDEC_UNIFORM_DRAFTS, the CUDA default), and
   adaptive with the drafts written late (SPECDEC_SUFFIX_LATE_DRAFTS=1; added in session 55,
-  passed on the H200 in session 58 and the CUDA default since);
+  passed on the H200 in session 58 and the CUDA default since), and late drafts with
+  repetition, frequency and presence penalties against plain decoding with the same penalties
+  (fp32; the sampler reads the drafts' host copy, which late steps write after the step's
+  preparation; added in session 58, not yet run on a GPU);
 - fp32, adaptive off: the same drafts as the synchronous proposer, so the same accepted tokens
   (when both outputs are equal; a margin for the last step, which async scheduling cuts
   differently at max_tokens).
@@ -35,19 +38,21 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 K = 4
 MAX_TOKENS = 64
 SUFFIX = {"method": "suffix", "num_speculative_tokens": K}
+PENALTIES = {"repetition_penalty": 1.2, "frequency_penalty": 0.3, "presence_penalty": 0.2}
 
 
 def _jobs(smollm2: str) -> dict[str, dict]:
     from tests.prompts_gpu import BENCH_PROMPTS
 
-    def job(dtype, spec=None, env=None):
+    def job(dtype, spec=None, env=None, sampling=None):
         engine = {"dtype": dtype, "max_model_len": 1024, "kv_cache_memory_bytes": 1 << 30,
                   "gpu_memory_utilization": 0.1, "enable_prefix_caching": False}
         if spec is not None:
             engine["speculative_config"] = spec
         return {"backend": "ours", "model": smollm2, "engine": engine, "prompts": BENCH_PROMPTS,
                 "max_tokens": MAX_TOKENS, "batches": [len(BENCH_PROMPTS)], "repeats": 1,
-                "tokens": True, "env": {"SPECDEC_ADAPTIVE": "0", **(env or {})}}
+                "tokens": True, "env": {"SPECDEC_ADAPTIVE": "0", **(env or {})},
+                "sampling": sampling or {}}
 
     on = {"SPECDEC_SUFFIX_ASYNC": "1"}
     jobs = {}
@@ -61,6 +66,8 @@ def _jobs(smollm2: str) -> dict[str, dict]:
     late = {**on, "SPECDEC_ADAPTIVE": "1", "SPECDEC_SUFFIX_LATE_DRAFTS": "1"}
     for dtype in ("float32", "bfloat16"):
         jobs[f"{dtype}/suffix-late-adaptive"] = job(dtype, SUFFIX, late)
+    jobs["float32/none-penalties"] = job("float32", sampling=PENALTIES)
+    jobs["float32/suffix-late-penalties"] = job("float32", SUFFIX, late, sampling=PENALTIES)
     return jobs
 
 
@@ -93,6 +100,15 @@ def test_fp32_greedy_output_equals_no_speculation(results):
         got = single_batch(results, name)["token_ids"]
         same = count_equal(got, want)
         assert same >= len(want) - 1, f"{name}: {same}/{len(want)} prompts equal no speculation"
+
+
+def test_fp32_late_drafts_with_penalties_equal_no_speculation(results):
+    want = single_batch(results, "float32/none-penalties")["token_ids"]
+    late = single_batch(results, "float32/suffix-late-penalties")
+    assert results["float32/suffix-late-penalties"]["async_scheduling"] is True
+    same = count_equal(late["token_ids"], want)
+    assert same >= len(want) - 1, f"{same}/{len(want)} prompts equal no speculation"
+    assert late["spec"]["drafts"] > 0, "no drafting step: the late path was not exercised"
 
 
 def test_bf16_greedy_output_equals_no_speculation_but_near_ties(results):
