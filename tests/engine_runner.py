@@ -21,7 +21,9 @@ A job is a dict:
     repeats      timed runs per batch (median reported)
     warmups      untimed runs before them (default 2)
     tokens       true: also return the generated token ids of the first timed run
-    sampling     extra ``SamplingParams`` keyword arguments (penalties, ...; still greedy)
+    sampling     extra ``SamplingParams`` keyword arguments (penalties, ``ignore_eos``, ...;
+                 still greedy); ``structured_outputs`` as a dict of ``StructuredOutputsParams``
+                 arguments, e.g. ``{"json": schema}``
     env          extra environment variables for the engine's process (e.g. the native
                  backend's model runner: ``{"VLLM_USE_V2_MODEL_RUNNER": "0"}``)
 
@@ -160,6 +162,18 @@ def timed_entry(walls: list[float], decode: list, tokens: list[list[int]], batch
     return entry
 
 
+def _sampling_arguments(sampling: dict) -> dict:
+    """A job's ``sampling`` as ``SamplingParams`` keyword arguments (EOS ignored unless it
+    says otherwise: a structured answer ends at its grammar's end)."""
+    arguments = {"ignore_eos": True, **sampling}
+    if "structured_outputs" in arguments:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        arguments["structured_outputs"] = StructuredOutputsParams(
+            **arguments["structured_outputs"])
+    return arguments
+
+
 def run_job(job: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
@@ -174,8 +188,8 @@ def run_job(job: dict) -> dict:
               "capture_sizes": list(config.compilation_config.cudagraph_capture_sizes or []),
               "async_scheduling": bool(config.scheduler_config.async_scheduling),
               "batches": {}}
-    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True,
-                            **job.get("sampling", {}))
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"],
+                            **_sampling_arguments(job.get("sampling", {})))
     if "workloads" in job:
         cells = [(f"{name}:{batch}", cell_rounds(job, batch, {"prompts": prompts}), batch)
                  for name, prompts in job["workloads"].items() for batch in job["batches"]]

@@ -15,7 +15,9 @@ full graphs) in their own processes (engine-core processes: patch P12's second p
   passed on the H200 in session 58 and the CUDA default since), and late drafts with
   repetition, frequency and presence penalties against plain decoding with the same penalties
   (fp32; the sampler reads the drafts' host copy, which late steps write after the step's
-  preparation; added in session 58, not yet run on a GPU);
+  preparation), and late drafts under a JSON schema against plain decoding under the same
+  schema (fp32; the scheduler makes the grammar's bitmask before a late step's drafts exist;
+  both added in session 58, not yet run on a GPU);
 - fp32, adaptive off: the same drafts as the synchronous proposer, so the same accepted tokens
   (when both outputs are equal; a margin for the last step, which async scheduling cuts
   differently at max_tokens).
@@ -39,6 +41,11 @@ K = 4
 MAX_TOKENS = 64
 SUFFIX = {"method": "suffix", "num_speculative_tokens": K}
 PENALTIES = {"repetition_penalty": 1.2, "frequency_penalty": 0.3, "presence_penalty": 0.2}
+# Short answers that end (a bounded string and a boolean), so EOS is not ignored.
+JSON_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "ok"],
+               "properties": {"name": {"type": "string", "maxLength": 16},
+                              "ok": {"type": "boolean"}}}
+JSON_ANSWERS = {"ignore_eos": False, "structured_outputs": {"json": JSON_SCHEMA}}
 
 
 def _jobs(smollm2: str) -> dict[str, dict]:
@@ -68,6 +75,8 @@ def _jobs(smollm2: str) -> dict[str, dict]:
         jobs[f"{dtype}/suffix-late-adaptive"] = job(dtype, SUFFIX, late)
     jobs["float32/none-penalties"] = job("float32", sampling=PENALTIES)
     jobs["float32/suffix-late-penalties"] = job("float32", SUFFIX, late, sampling=PENALTIES)
+    jobs["float32/none-json"] = job("float32", sampling=JSON_ANSWERS)
+    jobs["float32/suffix-late-json"] = job("float32", SUFFIX, late, sampling=JSON_ANSWERS)
     return jobs
 
 
@@ -109,6 +118,17 @@ def test_fp32_late_drafts_with_penalties_equal_no_speculation(results):
     same = count_equal(late["token_ids"], want)
     assert same >= len(want) - 1, f"{same}/{len(want)} prompts equal no speculation"
     assert late["spec"]["drafts"] > 0, "no drafting step: the late path was not exercised"
+
+
+def test_fp32_late_drafts_under_a_json_schema_equal_no_speculation(results):
+    want = single_batch(results, "float32/none-json")["token_ids"]
+    late = single_batch(results, "float32/suffix-late-json")
+    assert results["float32/suffix-late-json"]["async_scheduling"] is True
+    same = count_equal(late["token_ids"], want)
+    assert same >= len(want) - 1, f"{same}/{len(want)} prompts equal no speculation"
+    # Answers of a dozen tokens: whether the controller drafts in them is its choice (none
+    # did on the CPU); the report says how many steps did.
+    print("late drafts under a JSON schema:", late["spec"])
 
 
 def test_bf16_greedy_output_equals_no_speculation_but_near_ties(results):
