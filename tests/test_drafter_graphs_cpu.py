@@ -44,7 +44,11 @@ def _runs(method: str, smollm2_path: str, *modes: str) -> list[dict]:
     procs = {mode: subprocess.Popen([sys.executable, "-m", "tests.drafter_graphs_host_replay",
                                      json.dumps(job), mode], cwd=_ROOT, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True,
-                                    env={**os.environ, **engine_port_env()})
+                                    # A native crash prints the Python stack it happened
+                                    # under (session 58's CI simulation saw one SIGFPE
+                                    # here, with no traceback).
+                                    env={**os.environ, **engine_port_env(),
+                                         "PYTHONFAULTHANDLER": "1"})
              for mode in modes if (method, mode) not in _RESULTS}
     try:
         for mode, proc in procs.items():
