@@ -37,15 +37,15 @@ draft lengths): the wait above sits at the start of ``execute_model(t+1)``, so t
 idles through all of that step's input preparation (``_update_states``, ``_prepare_inputs``,
 attention metadata) as well as the wait and the drafting: a suffix step at synthetic
 acceptance 3.0 cost about 7.0 ms on an H200 where the device n-gram path's cost 4.9 and a
-plain step 4.5 (BENCHMARKS.md, session 55). With
-uniform lengths the batch layout does not depend on the drafts (every reserved slot is
-verified), so the step is prepared with placeholders (vLLM's own async path treats the host
-copies of draft tokens as placeholders too, gpu_input_batch.py ``update_req_spec_token_ids``)
-and ``_model_forward`` waits, drafts, and writes the drafts into the prepared input ids and
-into the rejection sampler's ``draft_token_ids``, both on the device in stream order before
-the forward pass. What is left on the path between the two steps is the wait, the suffix
-work and one small upload. On the H200 (session 58, same benchmark) that took a suffix token
-from 2.45 to 1.77 ms at batch 1 and from 3.08 to 2.22 at batch 16.
+plain step 4.5 (BENCHMARKS.md, session 55). With uniform lengths the batch layout does not
+depend on the drafts (every reserved slot is verified), so the step is prepared with
+placeholders (vLLM's own async path treats the host copies of draft tokens as placeholders
+too, gpu_input_batch.py ``update_req_spec_token_ids``) and ``_model_forward`` waits, drafts,
+and writes the drafts into the prepared input ids and into the rejection sampler's
+``draft_token_ids``, both on the device in stream order before the forward pass. What is
+left on the path between the two steps is the wait, the suffix work and one small upload. On
+the H200 (session 58, same benchmark) that took a suffix token from 2.45 to 1.77 ms at batch 1
+and from 3.08 to 2.22 at batch 16.
 """
 from __future__ import annotations
 
@@ -252,13 +252,13 @@ class SuffixAsyncMixin:
         positions, tokens = late_draft_slots(
             self.input_batch.req_ids, self.query_start_loc.np[1:self.input_batch.num_reqs + 1],
             drafts)
-        if meta is None or meta.draft_token_ids.numel() != len(tokens):
-            self._late_drafts_misfit(reserved, meta, len(tokens))
-            return
+        fits = meta is not None and meta.draft_token_ids.numel() == len(tokens)
+        if not fits:
+            drafts = self._late_drafts_misfit(reserved, meta, len(tokens))
         self._write_host_drafts(drafts)
         if self.draft_token_ids_event is not None:
             self.draft_token_ids_event.record()
-        if not tokens:
+        if not fits or not tokens:
             return
         host = self._late_host_buffer(len(tokens))
         view = host.numpy()  # the same pinned memory
@@ -271,14 +271,15 @@ class SuffixAsyncMixin:
         self.input_ids.gpu.index_copy_(0, slots[0], ids)
         meta.draft_token_ids.copy_(ids)
 
-    def _late_drafts_misfit(self, reserved: dict[str, int], meta, num_tokens: int) -> None:
+    def _late_drafts_misfit(self, reserved: dict[str, int], meta,
+                            num_tokens: int) -> dict[str, list[int]]:
         """The drafts do not fit the prepared step: a layout this path did not foresee (a bug).
         Not a reason to fail every request in the engine: this step verifies its placeholder
         drafts, which costs nothing in correctness (verification keeps only what the target
         itself picks: greedy, its argmax; sampled, rejection sampling is exact for any draft),
-        the host copy that penalties read says the same placeholders, no slot is counted as a
-        draft, and later steps draft before their preparation (SPECDEC_SUFFIX_LATE_DRAFTS=0's
-        path)."""
+        no slot is counted as a draft, and later steps draft before their preparation
+        (SPECDEC_SUFFIX_LATE_DRAFTS=0's path). Returns the placeholders as drafts, for the
+        host copy that penalties read."""
         slots = None if meta is None else meta.draft_token_ids.numel()
         logger.error("specdec_plugin: late suffix drafts (%d tokens) do not fit the prepared "
                      "step (%s draft slots); this step verifies placeholders and later steps "
@@ -286,9 +287,7 @@ class SuffixAsyncMixin:
                      "SPECDEC_SUFFIX_LATE_DRAFTS=0 avoids the path.", num_tokens, slots)
         self._suffix_late_on = False
         self._specdec_filler = dict(reserved)
-        self._write_host_drafts({req_id: [0] * n for req_id, n in reserved.items()})
-        if self.draft_token_ids_event is not None:
-            self.draft_token_ids_event.record()
+        return {req_id: [0] * n for req_id, n in reserved.items()}
 
     def _late_host_buffer(self, n: int) -> torch.Tensor:
         buffer = self._suffix_late_host
