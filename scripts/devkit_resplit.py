@@ -21,8 +21,9 @@ only (the tree then weighs 16 MB), cut with --max-mb 42 here and in stage_smollm
 carry the small last kit part together with the first SmolLM2 part. Move the weights back
 before the run that starts a job (EAGLE-3 and the other drafters need them) and check
 `git status` shows no deleted file before any commit: a host lost in between loses them only
-from the tree (they are tracked; `git checkout -- specdec_plugin/assets/drafters`). Check `lease.counts` in each reply: some machines count held time in full, and a
-job sized for a 67% machine does not fit the same budget on one of those (session 23).
+from the tree (they are tracked; `git checkout -- specdec_plugin/assets/drafters`).
+Check `lease.counts` in each reply: some machines count held time in full, and a job sized
+for a 67% machine does not fit the same budget on one of those (session 23).
 Send part1's run alone and go on only once it succeeded: in session 29 it found no machine
 (about 160 s of budget gone), and the runs queued behind it started a fresh machine without
 part1, so the kit and the C++ build were missing when the job began.

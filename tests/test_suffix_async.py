@@ -235,7 +235,6 @@ def test_late_drafts_are_the_cuda_default_and_a_user_setting_wins(monkeypatch):
     for device in (CudaDevice, CpuDevice):
         for name in device.process_env:
             monkeypatch.delenv(name, raising=False)  # restored after the test
-    monkeypatch.delenv("SPECDEC_SUFFIX_LATE_DRAFTS", raising=False)
     apply_process_env(CpuDevice)
     assert envs.suffix_late_drafts() is False
     apply_process_env(CudaDevice)

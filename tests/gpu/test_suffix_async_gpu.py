@@ -102,33 +102,30 @@ def test_the_variable_turns_async_scheduling_on_for_suffix(results):
         assert single_batch(results, name)["spec"]["accepted"] > 0, f"{name}: nothing accepted"
 
 
-def test_fp32_greedy_output_equals_no_speculation(results):
-    want = single_batch(results, "float32/none")["token_ids"]
-    for name in ("float32/suffix-async", "float32/suffix-async-adaptive",
-                 "float32/suffix-late-adaptive"):
-        got = single_batch(results, name)["token_ids"]
-        same = count_equal(got, want)
-        assert same >= len(want) - 1, f"{name}: {same}/{len(want)} prompts equal no speculation"
-
-
-def _late_equals_plain(results, plain: str, late: str) -> dict:
-    """fp32: job ``late`` (async scheduling on) answers as job ``plain`` does, on every prompt
+def _async_equals_plain(results, plain: str, name: str) -> dict:
+    """fp32: job ``name`` (async scheduling on) answers as job ``plain`` does, on every prompt
     but at most one (a near-tie); returns its batch entry."""
     want = single_batch(results, plain)["token_ids"]
-    entry = single_batch(results, late)
-    assert results[late]["async_scheduling"] is True, late
+    entry = single_batch(results, name)
+    assert results[name]["async_scheduling"] is True, name
     same = count_equal(entry["token_ids"], want)
-    assert same >= len(want) - 1, f"{late}: {same}/{len(want)} prompts equal {plain}"
+    assert same >= len(want) - 1, f"{name}: {same}/{len(want)} prompts equal {plain}"
     return entry
 
 
+def test_fp32_greedy_output_equals_no_speculation(results):
+    for name in ("float32/suffix-async", "float32/suffix-async-adaptive",
+                 "float32/suffix-late-adaptive"):
+        _async_equals_plain(results, "float32/none", name)
+
+
 def test_fp32_late_drafts_with_penalties_equal_no_speculation(results):
-    late = _late_equals_plain(results, "float32/none-penalties", "float32/suffix-late-penalties")
+    late = _async_equals_plain(results, "float32/none-penalties", "float32/suffix-late-penalties")
     assert late["spec"]["drafts"] > 0, "no drafting step: the late path was not exercised"
 
 
 def test_fp32_late_drafts_under_a_json_schema_equal_no_speculation(results):
-    late = _late_equals_plain(results, "float32/none-json", "float32/suffix-late-json")
+    late = _async_equals_plain(results, "float32/none-json", "float32/suffix-late-json")
     # Answers of a dozen tokens: whether the controller drafts in them is its choice (none
     # did on the CPU); the report says how many steps did.
     print("late drafts under a JSON schema:", late["spec"])
