@@ -480,6 +480,10 @@ def main() -> None:
               "native_runner": args.native_runner,
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "engines": {}, "rows": []}
     log = str(out / "engines.log")
+    cells = [str(b) for b in args.batches]
+    if "workloads" in workload:
+        cells = [f"{w}:{b}" for w in workload["workloads"] for b in args.batches]
+    finished_rows: list[dict] = []  # the rows of the methods whose engines have all run
     for method in args.methods.split(","):
         results = {}
         backends = args.backends.split(",")
@@ -494,15 +498,14 @@ def main() -> None:
                        if k not in ("batches", "controller_log")}
             print(f"[{time.strftime('%H:%M:%S')}] {method}/{backend}: {json.dumps(summary)}",
                   flush=True)
+            # Rows after every engine, not only after a method's last: a lease that ends
+            # mid-method still leaves the finished engines' rows and ratios (session 58's
+            # EAGLE-3 rows had to be rebuilt by hand from a cut run).
+            report["rows"] = finished_rows + [_row(method, cell, results) for cell in cells]
+            _add_ratios_to_plain(report["rows"])
+            _add_ratios_to_best(report["rows"])
             (out / "side_by_side.json").write_text(json.dumps(report, indent=1))
-        cells = [str(b) for b in args.batches]
-        if "workloads" in workload:
-            cells = [f"{w}:{b}" for w in workload["workloads"] for b in args.batches]
-        for cell in cells:
-            report["rows"].append(_row(method, cell, results))
-        _add_ratios_to_plain(report["rows"])
-        _add_ratios_to_best(report["rows"])
-        (out / "side_by_side.json").write_text(json.dumps(report, indent=1))
+        finished_rows = report["rows"]
     _print_table(report["rows"])
     _print_bar(report["rows"])
     title = f"{args.model}, K={args.k}, {args.max_tokens} output tokens"
