@@ -56,7 +56,10 @@ def _runs(method: str, smollm2_path: str, *modes: str) -> list[dict]:
             result = next((json.loads(line[len("RESULT "):]) for line in stdout.splitlines()
                            if line.startswith("RESULT ")), None)
             if result is None:
-                raise AssertionError(f"{method} {mode}: exit {proc.returncode}\n{stderr[-3000:]}")
+                # vLLM logs to stdout: its tail says how far the engine got (session 58's
+                # SIGFPE showed only stderr, whose last line was the drafter's weights loading).
+                raise AssertionError(f"{method} {mode}: exit {proc.returncode}\n"
+                                     f"stdout tail:\n{stdout[-3000:]}\nstderr tail:\n{stderr[-3000:]}")
             _RESULTS[(method, mode)] = result
     finally:  # a failure or timeout of one leaves no other engine running
         for proc in procs.values():
