@@ -20,6 +20,7 @@ import gc
 import pytest
 
 from tests.environ import environ
+from tests.late_drafts_sampling import JSON_SCHEMA, PENALTIES
 from tests.prompts import SPEC_PROMPTS
 from tests.spec_configs import K
 
@@ -258,11 +259,8 @@ def test_late_drafts_with_structured_output(engines, smollm2_path, monkeypatch):
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    schema = {"type": "object", "additionalProperties": False, "required": ["name", "ok"],
-              "properties": {"name": {"type": "string", "maxLength": 16},  # short: it ends
-                             "ok": {"type": "boolean"}}}
     params = [SamplingParams(temperature=0.0, max_tokens=64,
-                             structured_outputs=StructuredOutputsParams(json=schema))
+                             structured_outputs=StructuredOutputsParams(json=JSON_SCHEMA))
               if i % 2 == 0 else SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
               for i, n in enumerate(MAX_TOKENS)]
     plain = engines.get(smollm2_path, enable_prefix_caching=False)
@@ -306,9 +304,8 @@ def test_late_drafts_reach_penalties(engines, smollm2_path, monkeypatch):
     late step leaves for the sampler is the padded drafts it verifies."""
     from vllm import SamplingParams
 
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True,
-                             repetition_penalty=1.2, frequency_penalty=0.3,
-                             presence_penalty=0.2) for n in MAX_TOKENS]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, **PENALTIES)
+              for n in MAX_TOKENS]
     plain = engines.get(smollm2_path, enable_prefix_caching=False)
     want = [list(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
     late, padding, _ = _late_run(engines, smollm2_path, monkeypatch, params, want)

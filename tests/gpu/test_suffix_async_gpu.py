@@ -34,17 +34,13 @@ import pytest
 
 from tests.gpu.engine_jobs import count_equal, run_jobs, single_batch
 from tests.gpu.ties import BF16_MIN_EQUAL, assert_flips_are_near_ties
+from tests.late_drafts_sampling import JSON_SCHEMA, PENALTIES
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 K = 4
 MAX_TOKENS = 64
 SUFFIX = {"method": "suffix", "num_speculative_tokens": K}
-PENALTIES = {"repetition_penalty": 1.2, "frequency_penalty": 0.3, "presence_penalty": 0.2}
-# Short answers that end (a bounded string and a boolean), so EOS is not ignored.
-JSON_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "ok"],
-               "properties": {"name": {"type": "string", "maxLength": 16},
-                              "ok": {"type": "boolean"}}}
 JSON_ANSWERS = {"ignore_eos": False, "structured_outputs": {"json": JSON_SCHEMA}}
 
 
