@@ -15,7 +15,7 @@ drift between minutes falls on all alike; ms/step is wall / engine steps, the ra
 
     VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_host_step_cpu.py \
         [--batches 64,16,1] [--methods none,eagle,eagle3,draft_model,ngram,suffix] [--rounds 5] \
-        [--cprofile eagle] [--json out.json]
+        [--acceptance-length 1.0] [--cprofile eagle] [--json out.json]
 
 Differences from the GPU: no async scheduling on CPU (config_defaults.py turns it off), so the
 scheduler is the sync AdaptiveScheduler and host work adds to the step instead of overlapping;
@@ -134,6 +134,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=4)
+    p.add_argument("--acceptance-length", type=float, default=1.0,
+                   help="vLLM's synthetic acceptance length (1.0: every draft rejected, the "
+                        "k = 0 steps above; 3.0: issue 12's drafting steps)")
     p.add_argument("--cprofile", default="", help="comma list of methods: cProfile their "
                    "extra round at the first batch (plugin and proposer functions by cumulative time; "
                    "all in $TMPDIR/host_step_METHOD_BATCH.prof)")
@@ -150,7 +153,7 @@ def main() -> None:
 
     models = tempfile.TemporaryDirectory(prefix="host_step_")  # removed at exit
     paths = write_configs(models.name, FAMILY)
-    specs = synthetic_spec_configs(paths, 1.0, args.k)
+    specs = synthetic_spec_configs(paths, args.acceptance_length, args.k)
     methods = args.methods.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     engines, failed = {}, {}
