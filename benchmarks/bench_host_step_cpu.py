@@ -136,7 +136,8 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--acceptance-length", type=float, default=1.0,
                    help="vLLM's synthetic acceptance length (1.0: every draft rejected, the "
-                        "k = 0 steps above; 3.0: issue 12's drafting steps)")
+                        "k = 0 steps above; 3.0: issue 12's drafting steps, whose outputs then "
+                        "differ from plain decoding's: synthetic acceptance keeps drafts unchecked)")
     p.add_argument("--cprofile", default="", help="comma list of methods: cProfile their "
                    "extra round at the first batch (plugin and proposer functions by cumulative time; "
                    "all in $TMPDIR/host_step_METHOD_BATCH.prof)")
