@@ -37,6 +37,18 @@
 #   bash scripts/device_session.sh start NAME CMD...     # run CMD detached, log in /root/jobs
 #   bash scripts/device_session.sh wait NAME SECONDS     # wait for NAME (at most SECONDS), copy
 #                                                        # /root/jobs/NAME.* and NAME/ to $OUT
+#   bash scripts/device_session.sh cache-save            # the compile caches into $OUT, as parts
+#   bash scripts/device_session.sh cache-load            # unpack carried parts (.devkit/compile_cache)
+# Compile caches across leases (new in session 60, not yet run on a device): a cold engine
+# start compiles for 60-90 s more than a warm one (sessions 59-60: ours 105-114 s against
+# 38-75, native 164-196 against about 100), once per model shape and backend, every lease.
+# vLLM keys its torch.compile cache by its config, environment and traced source files, and
+# keeps Inductor's and Triton's caches inside it so that it can be copied to another machine
+# (compilation/compiler_interface.py, initialize_cache). `cache-save` at the end of a lease
+# tars that cache and Triton's default one (kernels compiled before vLLM redirects it) into
+# $OUT in parts of at most 15 MiB; keep them here in .devkit/compile_cache/ (ignored), carry
+# that folder in a staging call and run `cache-load` there. A changed source file only means
+# a new key, compiled afresh; the old entries stay unused.
 # Several GPUs (kind nvidia-h200-x2, session 31): start one job per GPU, each job script
 # exporting its own CUDA_VISIBLE_DEVICES and VLLM_CACHE_ROOT (two engines compiling into one
 # cache at once is untested). Device time is held time, so two jobs side by side cost what one
@@ -109,6 +121,25 @@ wait)
     cp "$JOBS/$name".* "$OUT"/ 2>/dev/null
     [ -d "$JOBS/$name" ] && cp -r "$JOBS/$name" "$OUT"/
     tail -c 6000 "$JOBS/$name.log"
+    ;;
+cache-save)
+    dirs=()
+    for d in .cache/vllm/torch_compile_cache .triton/cache; do
+        [ -d "/root/$d" ] && dirs+=("$d")
+    done
+    [ ${#dirs[@]} -gt 0 ] || { echo "no compile cache on this machine" >&2; exit 1; }
+    tar czf /root/compile_cache.tgz -C /root "${dirs[@]}"
+    # $OUT takes at most 8 files of 16 MiB: a cache over 7 parts does not come back whole.
+    split -b 15M -d -a 2 /root/compile_cache.tgz "$OUT/compile_cache.tgz.part"
+    parts=$(ls "$OUT"/compile_cache.tgz.part* | wc -l)
+    [ "$parts" -le 7 ] || echo "WARNING: $parts parts; only 8 files come back from \$OUT" >&2
+    ls -l "$OUT"/compile_cache.tgz.part*
+    ;;
+cache-load)
+    ls .devkit/compile_cache/compile_cache.tgz.part* > /dev/null \
+        || { echo "no .devkit/compile_cache/compile_cache.tgz.part*: carry .devkit/compile_cache" >&2; exit 1; }
+    cat .devkit/compile_cache/compile_cache.tgz.part* | tar xzf - -C /root
+    du -sh /root/.cache/vllm/torch_compile_cache /root/.triton/cache 2> /dev/null
     ;;
 *)
     echo "unknown step $step" >&2; exit 2
