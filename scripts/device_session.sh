@@ -40,7 +40,7 @@
 #   bash scripts/device_session.sh cache-save            # the compile caches into $OUT, as parts
 #   bash scripts/device_session.sh cache-load            # unpack carried parts (.devkit/compile_cache)
 # Compile caches across leases (new in session 60, not yet run on a device): a cold engine
-# start compiles for 60-90 s more than a warm one (sessions 59-60: ours 105-114 s against
+# start compiles for 60-90 s more than a warm one (sessions 53-60: ours 105-114 s against
 # 38-75, native 164-196 against about 100), once per model shape and backend, every lease.
 # vLLM keys its torch.compile cache by its config, environment and traced source files, and
 # keeps Inductor's and Triton's caches inside it so that it can be copied to another machine
