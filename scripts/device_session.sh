@@ -38,7 +38,8 @@
 #   bash scripts/device_session.sh wait NAME SECONDS     # wait for NAME (at most SECONDS), copy
 #                                                        # /root/jobs/NAME.* and NAME/ to $OUT
 #   bash scripts/device_session.sh cache-save            # the compile caches into $OUT, as parts
-#   bash scripts/device_session.sh cache-load            # unpack carried parts (.devkit/compile_cache)
+#   bash scripts/device_session.sh cache-load            # unpack them once all are carried
+#                                                        # (.devkit/compile_cache*/)
 # Compile caches across leases (new in session 60, not yet run on a device): a cold engine
 # start compiles for 60-90 s more than a warm one (sessions 53-60: ours 105-114 s against
 # 38-75, native 164-196 against about 100), once per model shape and backend, every lease.
@@ -132,14 +133,24 @@ cache-save)
     # $OUT takes at most 8 files of 16 MiB: a cache over 7 parts does not come back whole.
     split -b 15M -d -a 2 /root/compile_cache.tgz "$OUT/compile_cache.tgz.part"
     parts=$(ls "$OUT"/compile_cache.tgz.part* | wc -l)
+    echo "$parts" > "$OUT/compile_cache.parts"  # cache-load waits for this many
     [ "$parts" -le 7 ] || echo "WARNING: $parts parts; only 8 files come back from \$OUT" >&2
-    ls -l "$OUT"/compile_cache.tgz.part*
+    ls -l "$OUT"/compile_cache.*
     ;;
 cache-load)
-    ls .devkit/compile_cache/compile_cache.tgz.part* > /dev/null \
-        || { echo "no .devkit/compile_cache/compile_cache.tgz.part*: carry .devkit/compile_cache" >&2; exit 1; }
-    cat .devkit/compile_cache/compile_cache.tgz.part* | tar xzf - -C /root
-    du -sh /root/.cache/vllm/torch_compile_cache /root/.triton/cache 2> /dev/null
+    # Parts may come over several calls (a call carries at most 64 MiB with the tree), each in
+    # its own folder (.devkit/compile_cache, .devkit/compile_cache2, ...): a later call's carry
+    # replaces an earlier one's folder of the same name. They gather here until all have come.
+    mkdir -p /root/compile_cache_parts
+    cp .devkit/compile_cache*/compile_cache.* /root/compile_cache_parts/ 2> /dev/null
+    want=$(cat /root/compile_cache_parts/compile_cache.parts 2> /dev/null || echo 0)
+    have=$(ls /root/compile_cache_parts/compile_cache.tgz.part* 2> /dev/null | wc -l)
+    if [ "$want" -eq 0 ] || [ "$have" -lt "$want" ]; then
+        echo "compile cache: $have of ${want:-?} parts here; carry the rest and run cache-load again"
+        exit 0
+    fi
+    cat /root/compile_cache_parts/compile_cache.tgz.part* | tar xzf - -C /root || exit 1
+    du -sh /root/.cache/vllm/torch_compile_cache /root/.triton/cache 2> /dev/null || true
     ;;
 *)
     echo "unknown step $step" >&2; exit 2
