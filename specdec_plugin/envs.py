@@ -85,6 +85,13 @@
   3%; adaptive/policy.py). Unset (default): no hold, each step's best length by the
   shorter-first rule. Opt-in: on the H200 (session 40, EAGLE-3, batches 4-64) it did no
   better than the default.
+- ``SPECDEC_ADAPTIVE_LENGTHS=<lengths>``: the draft lengths the adaptive controller may
+  choose from, as a comma list of 0..K (``4``: K = 4 every step; ``0,4``: a plain step or K).
+  Unset: every length 0..K. Unlike ``SPECDEC_ADAPTIVE=0`` the steps still go through our
+  scheduler, so n-gram and suffix drafts keep their uniform (padded) lengths and full graphs:
+  a "K every step" engine to set beside the adaptive one (session 60: ``SPECDEC_ADAPTIVE=0``
+  ran n-gram and suffix 1.4-2.7x slower than plain decoding on real prompts, ragged and
+  piecewise). Checked against K where the engine config is built.
 - ``SPECDEC_ADAPTIVE_TABLE_LENGTHS=0|1|<methods>``: the start-up cost table also times the
   target at n*q tokens for every draft length (q = 2..K tokens per request, n = 1, 2, 4, ...
   requests), on graph devices above the request limit in each length's own full graph,
@@ -336,6 +343,23 @@ def adaptive_length_gain() -> float | None:
                    "more tokens per second than a shorter one)",
                    "unset it for the default (EAGLE-3: 0; other methods: the 3% that drafting "
                    "needs over plain steps)")
+
+
+def adaptive_lengths() -> tuple[int, ...] | None:
+    """The draft lengths the adaptive controller may choose from, sorted; None where unset
+    (every length 0..K). adaptive/config.py checks them against K."""
+    raw = os.environ.get("SPECDEC_ADAPTIVE_LENGTHS", "").strip()
+    if not raw:
+        return None
+    try:
+        lengths = tuple(sorted({int(part) for part in raw.split(",")}))
+    except ValueError:
+        lengths = (-1,)
+    if lengths[0] < 0:
+        raise ValueError(f"SPECDEC_ADAPTIVE_LENGTHS={raw!r}: expected a comma list of draft "
+                         "lengths from 0 to num_speculative_tokens, such as 4 (K = 4 every step) "
+                         "or 0,4; unset it to let the controller choose from every length")
+    return lengths
 
 
 def adaptive_table_length_methods() -> frozenset[str] | None:

@@ -94,6 +94,24 @@ def test_controller_stops_drafting_when_no_draft_lands(engines, smollm2_path):
     assert delta["vllm:spec_decode_num_draft_tokens"] < 0.2 * K * request_steps, delta
 
 
+def test_k_every_step_through_our_scheduler_when_the_lengths_say_so(engines, smollm2_path,
+                                                                      monkeypatch):
+    # SPECDEC_ADAPTIVE_LENGTHS=K: K drafts on every request-step even where none lands, where
+    # the controller alone stops drafting (the test above); the output stays the target's.
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_LENGTHS", str(K))
+    got, delta = _run(engines, smollm2_path, _synthetic(1.0))
+    assert got == engines.plain_greedy(smollm2_path, PROMPTS, MAX_TOKENS)
+    drafts = delta["vllm:spec_decode_num_drafts"]
+    assert delta["vllm:spec_decode_num_accepted_tokens"] == 0
+    # Every request-step after each request's prefill drafts K (the last ones cut by vLLM to
+    # what max_tokens leaves, as in the test below).
+    assert drafts >= len(PROMPTS) * (MAX_TOKENS - 2), delta
+    lengths = delta["draft_lengths"]
+    assert {k for k in lengths if k > 0} == {K} and lengths[K] == drafts, lengths
+    # Length 0: each request's first step, its prefill, and nothing else.
+    assert lengths.get(0, 0) <= len(PROMPTS), lengths
+
+
 def test_controller_drafts_k_when_every_draft_lands(engines, smollm2_path):
     # Acceptance length K+1: every draft token is accepted (whatever it is: synthetic
     # acceptance measures the machinery, and its output is not the target's). One request at a

@@ -120,7 +120,8 @@ def controller_settings(method: str) -> dict:
     """``DraftLengthController``'s keyword settings for an engine of ``method``, from the
     environment, read where the scheduler builds the controller (``apply_adaptive`` read them
     once before, so that a bad value failed before any model was loaded)."""
-    return dict(learn_costs=learns_step_costs(method), resume_gain=envs.adaptive_resume_gain(),
+    return dict(allowed=envs.adaptive_lengths(),
+                learn_costs=learns_step_costs(method), resume_gain=envs.adaptive_resume_gain(),
                 protect_quantile=envs.adaptive_protect(),
                 cost_estimator=envs.adaptive_observed_estimator(),
                 probe_budget=envs.adaptive_probe_budget(), switch_gain=envs.adaptive_switch_gain(),
@@ -134,6 +135,15 @@ def adaptive_enabled(vllm_config) -> bool:
     return vllm_config.scheduler_config.scheduler_cls in _SCHEDULERS.values()
 
 
+def _check_lengths(max_k: int) -> None:
+    lengths = envs.adaptive_lengths()
+    if lengths is not None and lengths[-1] > max_k:
+        raise ValueError(f"SPECDEC_ADAPTIVE_LENGTHS={','.join(map(str, lengths))}: draft length "
+                         f"{lengths[-1]} is over num_speculative_tokens={max_k}; give lengths "
+                         f"from 0 to {max_k}, or unset it to let the controller choose from "
+                         "every length")
+
+
 def apply_adaptive(vllm_config) -> None:
     """Install the adaptive scheduler (idempotent: workers rebuild the config)."""
     reason = why_not_adaptive(vllm_config)
@@ -145,6 +155,7 @@ def apply_adaptive(vllm_config) -> None:
     # the scheduler); read here, where the config is built, a bad value fails before any model
     # is loaded. The method lists and the estimator's name are checked by name.
     controller_settings(vllm_config.speculative_config.method)
+    _check_lengths(vllm_config.speculative_config.num_speculative_tokens)
     _check_observed_cost_methods()
     _check_table_length_methods()
     _check_draft_graph_methods()
