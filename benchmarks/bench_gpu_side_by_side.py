@@ -8,7 +8,7 @@ per-position acceptance at each batch size, and the ratio ours/native.
 
     python benchmarks/bench_gpu_side_by_side.py --out results/ [--model llama7b-random]
         [--methods none,draft_model,eagle,eagle3,ngram,suffix] [--batches 1,16]
-        [--backends native,ours,ours-static,ours-defer,ours-nodefer,ours-async,native-async,ours-sync,
+        [--backends native,ours,ours-static,ours-k-padded,ours-defer,ours-nodefer,ours-async,native-async,ours-sync,
                     ours-uniform,ours-ragged,ours-suffix-async,ours-suffix-sync,ours-suffix-late,ours-suffix-early,
                     ours-observed,
                     ours-unpadded]
@@ -129,6 +129,11 @@ BACKENDS = {
     # K drafts every step, as vLLM does.
     "ours-static": Backend("ours", "specdec_plugin, K every step", {"SPECDEC_ADAPTIVE": "0"},
                            methods=_DRAFTING),
+    # K drafts every step through our scheduler (SPECDEC_ADAPTIVE_LENGTHS; K = 4, the default
+    # --k: another K fails at engine start, naming the variable): n-gram and suffix drafts keep
+    # their padded lengths and full graphs, which "ours-static" turns off with the controller.
+    "ours-k-padded": Backend("ours", "specdec_plugin, K every step, padded",
+                             {"SPECDEC_ADAPTIVE_LENGTHS": "4"}, methods=_DRAFTING),
     # The drafter's KV sync deferred over plain steps (issue 11; the CUDA default since
     # session 13, so "ours" has it too unless the environment sets it to 0).
     "ours-defer": Backend("ours", "specdec_plugin, drafter sync deferred",
@@ -461,7 +466,8 @@ def main() -> None:
                              "SPECDEC_ADAPTIVE_LENGTH_GAIN=0, ours-gain3 =0.03; "
                              "ours-draftgraphs-gain0: both; "
                              "ours-unpadded: "
-                             "SPECDEC_DRAFTER_PADDING=0, draft model)")
+                             "SPECDEC_DRAFTER_PADDING=0, draft model; ours-k-padded: "
+                             "SPECDEC_ADAPTIVE_LENGTHS=4, K every step through our scheduler)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "
                              "run_clock_windows) to tell a slow timed run's cause")
