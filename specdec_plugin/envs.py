@@ -351,14 +351,15 @@ def adaptive_lengths() -> tuple[int, ...] | None:
     raw = os.environ.get("SPECDEC_ADAPTIVE_LENGTHS", "").strip()
     if not raw:
         return None
+    error = ValueError(f"SPECDEC_ADAPTIVE_LENGTHS={raw!r}: expected a comma list of draft "
+                       "lengths from 0 to num_speculative_tokens, such as 4 (K = 4 every step) "
+                       "or 0,4; unset it to let the controller choose from every length")
     try:
         lengths = tuple(sorted({int(part) for part in raw.split(",")}))
     except ValueError:
-        lengths = (-1,)
+        raise error from None
     if lengths[0] < 0:
-        raise ValueError(f"SPECDEC_ADAPTIVE_LENGTHS={raw!r}: expected a comma list of draft "
-                         "lengths from 0 to num_speculative_tokens, such as 4 (K = 4 every step) "
-                         "or 0,4; unset it to let the controller choose from every length")
+        raise error
     return lengths
 
 
