@@ -135,8 +135,7 @@ def adaptive_enabled(vllm_config) -> bool:
     return vllm_config.scheduler_config.scheduler_cls in _SCHEDULERS.values()
 
 
-def _check_lengths(max_k: int) -> None:
-    lengths = envs.adaptive_lengths()
+def _check_lengths(lengths: tuple[int, ...] | None, max_k: int) -> None:
     if lengths is not None and lengths[-1] > max_k:
         raise ValueError(f"SPECDEC_ADAPTIVE_LENGTHS={','.join(map(str, lengths))}: draft length "
                          f"{lengths[-1]} is over num_speculative_tokens={max_k}; give lengths "
@@ -154,8 +153,8 @@ def apply_adaptive(vllm_config) -> None:
     # The controller's settings are read again in the engine process (controller_settings, by
     # the scheduler); read here, where the config is built, a bad value fails before any model
     # is loaded. The method lists and the estimator's name are checked by name.
-    controller_settings(vllm_config.speculative_config.method)
-    _check_lengths(vllm_config.speculative_config.num_speculative_tokens)
+    settings = controller_settings(vllm_config.speculative_config.method)
+    _check_lengths(settings["allowed"], vllm_config.speculative_config.num_speculative_tokens)
     _check_observed_cost_methods()
     _check_table_length_methods()
     _check_draft_graph_methods()
