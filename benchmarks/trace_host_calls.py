@@ -19,7 +19,7 @@ before the call returned; gaps that end in such a launch are inflated by the pro
 calls are not; use them to compare engines, and timed runs for the cost.
 
     python benchmarks/trace_host_calls.py TRACE.json.gz --steps 43
-    python benchmarks/trace_host_calls.py A_TRACE.json.gz B_TRACE.json.gz --steps 43   # side by side
+    python benchmarks/trace_host_calls.py A_TRACE.json.gz B_TRACE.json.gz --steps 43  # A beside B
 
 ``--steps``: the engine steps of the profiled call (tokens / acceptance length for one request).
 """
@@ -104,7 +104,8 @@ def main() -> None:
     reports = [report(t, args.steps, args.gap_us) for t in args.traces]
     names = list(dict.fromkeys(n for r in reports for n in list(r["calls"])[:args.top]))
     labels = [os.path.basename(t)[:24] for t in args.traces]
-    print(f"{'call (per step: count / host us)':34s}" + "".join(f"{label:>26s}" for label in labels))
+    header = "".join(f"{label:>26s}" for label in labels)
+    print(f"{'call (per step: count / host us)':34s}{header}")
     for name in names:
         cells = []
         for r in reports:
@@ -113,8 +114,8 @@ def main() -> None:
         print(f"{name[:34]:34s}" + "".join(f"{c:>26s}" for c in cells))
     for key in ("calls_per_step", "gaps", "gap_idle_us_per_step", "gaps_ending_in_slow_call",
                 "median_lead_us", "gaps_by_call"):
-        print(f"{key:34s}" + "".join(f"{str(round(r[key], 1) if isinstance(r[key], float) else r[key]):>26s}"
-                                     for r in reports))
+        values = (round(r[key], 1) if isinstance(r[key], float) else r[key] for r in reports)
+        print(f"{key:34s}" + "".join(f"{str(v):>26s}" for v in values))
 
 
 if __name__ == "__main__":
