@@ -108,6 +108,9 @@
   that verified no drafts too (the valid-token counts' host copy and the device correction of
   computed tokens), instead of leaving out what has nothing to do there
   (worker/plain_step_bookkeeping.py). Default on (left out).
+- ``SPECDEC_LEAN_STEP_INPUTS=0``: build a uniform speculative step's input ids and index
+  tensors with vLLM's per-step uploads, instead of strided device copies and index tensors
+  kept per batch shape (worker/uniform_step_inputs.py). Default on.
 - ``SPECDEC_UNIFORM_DRAFTS=1``: pad the n-gram and suffix drafts of a step to the step's
   draft length with filler tokens (host proposers in the scheduler, the device n-gram path in
   the runner, which then neither trims nor waits for the match counts), so the verification
@@ -204,6 +207,10 @@ def recompute_drafter_block() -> bool:
 
 def lean_plain_steps() -> bool:
     return os.environ.get("SPECDEC_LEAN_PLAIN_STEPS", "1").strip().lower() in _TRUE
+
+
+def lean_step_inputs() -> bool:
+    return os.environ.get("SPECDEC_LEAN_STEP_INPUTS", "1").strip().lower() in _TRUE
 
 
 def uniform_drafts() -> bool:

@@ -29,6 +29,7 @@ from specdec_plugin.worker.kernel_warmup import (
 )
 from specdec_plugin.worker.memory_accounting import reserve_attention_workspaces
 from specdec_plugin.worker.plain_step_bookkeeping import PlainStepBookkeepingMixin
+from specdec_plugin.worker.uniform_step_inputs import UniformStepInputsMixin
 
 logger = init_logger(__name__)
 
@@ -51,8 +52,10 @@ def _compile_at_start(what: str, compile_fn, otherwise: str) -> None:
 
 # SuffixAsyncMixin before NgramTrimReportMixin: its trims ride on the output the latter tags.
 # PlainStepBookkeepingMixin first: it reads the scheduler's output before any mixin trims it.
+# UniformStepInputsMixin last, next to vLLM's methods it stands in for: SuffixAsyncMixin's
+# wrapper of _calc_spec_decode_metadata keeps the metadata whichever of the two built it.
 class SpecDecModelRunner(PlainStepBookkeepingMixin, AdaptiveGraphsMixin, SuffixAsyncMixin,
-                         NgramTrimReportMixin, GPUModelRunner):
+                         NgramTrimReportMixin, UniformStepInputsMixin, GPUModelRunner):
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
         spec = vllm_config.speculative_config
         if spec is not None and spec.use_ngram_gpu() and not current_platform.device.pin_memory:
