@@ -14,6 +14,8 @@ the method's engine started with the variant's environment (read where the engin
                      nothing included, in two leases)
     full-bookkeeping vLLM's async speculative bookkeeping after steps that verified no drafts
                      too (SPECDEC_LEAN_PLAIN_STEPS=0, worker/plain_step_bookkeeping.py)
+    full-inputs      vLLM's per-step input ids and index uploads for uniform steps too
+                     (SPECDEC_LEAN_STEP_INPUTS=0, worker/uniform_step_inputs.py)
     step-log         the default with SPECDEC_STEP_LOG on (one file per engine process under
                      the temporary directory's specdec_step_logs/): what the diagnostic log
                      itself costs. Session 52: n-gram at batch 1 read 1.024 of plain decoding
@@ -36,6 +38,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "probe-table": {"SPECDEC_ADAPTIVE_PROBE_COST": "table"},
     "again": {},
     "full-bookkeeping": {"SPECDEC_LEAN_PLAIN_STEPS": "0"},
+    "full-inputs": {"SPECDEC_LEAN_STEP_INPUTS": "0"},
     "step-log": {"SPECDEC_STEP_LOG": os.path.join(tempfile.gettempdir(), "specdec_step_logs",
                                                   "variant_{pid}.jsonl")},
 }
