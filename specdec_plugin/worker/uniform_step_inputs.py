@@ -18,7 +18,7 @@ number of drafts d; what our padded drafts and drafter graphs make of most steps
 neither: the sampled token of row i goes to input position i*(1+d), its drafts to the d after
 it, both strided copies on the device; and the five index tensors are the same for every step
 of n requests with d drafts, so they are computed once by vLLM's own method and kept on the
-device (a few entries, least recently used first out). Anything else runs vLLM's code.
+device (up to 64 shapes, the least recently used dropped first). Anything else runs vLLM's code.
 
 Nothing that reads the kept tensors writes into them (vLLM's rejection sampler and proposers,
 ours: checked in vLLM 0.26); each step's ``draft_token_ids`` is a fresh tensor, as vLLM's is
