@@ -26,23 +26,14 @@ calls are not; use them to compare engines, and timed runs for the cost.
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import os
 import sys
 from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its sibling, run or loaded
-from trace_steps import DEVICE_CATEGORIES  # noqa: E402
+from trace_steps import DEVICE_CATEGORIES, _load  # noqa: E402
 
 HOST_CATEGORIES = ("cuda_runtime", "cuda_driver")
-
-
-def _events(path: str) -> list[dict]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        trace = json.load(f)
-    return trace["traceEvents"] if isinstance(trace, dict) else trace
 
 
 def call_counts(events: list[dict], steps: int) -> dict[str, dict]:
@@ -80,12 +71,13 @@ def gap_causes(events: list[dict], gap_us: float) -> list[dict]:
 
 
 def report(path: str, steps: int, gap_us: float) -> dict:
-    events = _events(path)
+    events = _load(path)
+    calls = call_counts(events, steps)
     gaps = gap_causes(events, gap_us)
     by_call = Counter(g["call"] for g in gaps)
     return {
-        "calls": call_counts(events, steps),
-        "calls_per_step": sum(c["per_step"] for c in call_counts(events, steps).values()),
+        "calls": calls,
+        "calls_per_step": sum(c["per_step"] for c in calls.values()),
         "gaps": len(gaps),
         "gap_idle_us_per_step": sum(g["idle_us"] for g in gaps) / steps,
         "gaps_by_call": dict(by_call),
