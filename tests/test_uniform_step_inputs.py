@@ -134,7 +134,6 @@ def test_input_ids_and_metadata_equal_vllms(uniform):
         _assert_same_metadata(want_meta, got_meta)
         drafting += got_meta is not None
         if got_meta is not None:  # a fresh tensor each step: the late suffix drafts write it
-            assert got_meta.draft_token_ids.data_ptr() != lean.input_ids.gpu.data_ptr()
             assert got_meta.draft_token_ids.untyped_storage().data_ptr() \
                 != lean.input_ids.gpu.untyped_storage().data_ptr()
     if uniform:  # the mixin's own paths ran: vLLM's only for a shape's first metadata
