@@ -41,7 +41,9 @@
 #   bash scripts/device_session.sh cache-load            # unpack them once all are carried
 #                                                        # (.devkit/compile_cache*/)
 # Compile caches across leases (new in session 60; `cache-save` ran in session 61: 393 MB in
-# 4 parts, 55 MB; `cache-load` not yet run on a device): a cold engine
+# 4 parts, 55 MB; `cache-load` ran in session 62 and unpacked them, but none of their 11 keys
+# matched that lease's engines, which differed in method or settings: the cache only helps a
+# lease that repeats the engines of the lease that saved it): a cold engine
 # start compiles for 60-90 s more than a warm one (sessions 53-60: ours 105-114 s against
 # 38-75, native 164-196 against about 100), once per model shape and backend, every lease.
 # vLLM keys its torch.compile cache by its config, environment and traced source files, and

@@ -25,6 +25,11 @@ ours: checked in vLLM 0.26); each step's ``draft_token_ids`` is a fresh tensor, 
 (the late suffix drafts write into it). ``tests/test_uniform_step_inputs.py`` compares both
 methods with vLLM's on random batches. ``SPECDEC_LEAN_STEP_INPUTS=0`` runs vLLM's code every
 step (to time the two side by side, or as a way back).
+
+Measured (H200, session 62, EAGLE and EAGLE-3 at synthetic acceptance 3.0, batch 1 and 16,
+``ours`` against ``ours-full-inputs`` in one run): 0.99-1.03x of vLLM's path, within the
+runs' spread. The uploads were not what held the step: it is nearly all device work
+(BENCHMARKS.md, session 62). Kept on: fewer host calls and uploads a step for the same result.
 """
 from __future__ import annotations
 
