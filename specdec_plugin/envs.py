@@ -57,6 +57,11 @@
   ``0`` for EAGLE-3 (the best drafting length; adaptive/config.py ``DEFAULT_LENGTH_GAIN`` says
   why), and for the other methods the 3% that drafting needs over a plain step. ``0.03``
   restores EAGLE-3's earlier rule.
+- ``SPECDEC_ADAPTIVE_UNTESTED_DECAY=<fraction>``: how much of its evidence a draft position
+  keeps at a step whose drafts did not reach it (adaptive/acceptance.py). Unset: the 0.95 of a
+  tested position, so a longer draft is tried again about every 20-30 steps after it missed
+  (EAGLE-3 at 3 or 4 drafts in 21% of its batch-1 steps at synthetic acceptance 3.0, H200,
+  session 62). ``0.99``: about 4% in a CPU simulation. Opt-in until measured on a GPU.
 - ``SPECDEC_ADAPTIVE_OBSERVED_ESTIMATOR=median|iqm``: how a draft length's observed/predicted
   step-time ratios become its correction: the median of the last 16 (default), or ``iqm``, the
   mean of their middle half (adaptive/observed_cost.py says why). Opt-in until measured on a
@@ -350,6 +355,14 @@ def adaptive_length_gain() -> float | None:
                    "more tokens per second than a shorter one)",
                    "unset it for the default (EAGLE-3: 0; other methods: the 3% that drafting "
                    "needs over plain steps)")
+
+
+def adaptive_untested_decay() -> float | None:
+    return _number("SPECDEC_ADAPTIVE_UNTESTED_DECAY",
+                   os.environ.get("SPECDEC_ADAPTIVE_UNTESTED_DECAY", ""), 0.5, 1.0,
+                   "such as 0.99 (a draft position the step's drafts did not reach keeps 99% "
+                   "of its evidence a step, so longer drafts are retried less often)",
+                   "unset it to fade every position at the same rate (0.95 a step)")
 
 
 def adaptive_lengths() -> tuple[int, ...] | None:

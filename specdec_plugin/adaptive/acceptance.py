@@ -10,6 +10,17 @@ Evidence fades: each step that brings observations first multiplies the old coun
 (a short draft still says something about deeper ones), and a request with little history
 borrows from the engine-wide rates. A step that drafts nothing changes nothing here: when to
 look again is the controller's probe schedule.
+
+Fading is also how a longer draft is tried again. A position that the chosen drafts no longer
+reach keeps fading, so its estimate drifts back towards the pooled rate until a longer draft
+looks worth it, is verified, and misses. At synthetic acceptance 3.0 (positions 1-2 always
+accepted, 3-4 never) that put EAGLE-3 at 3 or 4 drafts in 21% of its batch-1 steps on the
+H200 (session 62), two drafter passes more each. ``untested_decay`` (opt-in,
+``SPECDEC_ADAPTIVE_UNTESTED_DECAY``) fades the counts of a position that a step's
+observation did not test at its own, slower rate: 0.99 makes those steps about 4 in 100 in
+a CPU simulation of that workload (``tests/test_adaptive_untested_decay.py``), at the price
+of a slower return to deeper drafts when they start to land. Opt-in until measured on a GPU
+with real prompts.
 """
 from __future__ import annotations
 
@@ -35,6 +46,16 @@ class AcceptanceSettings:
     # worth their 5% cost at batch 1.
     pool_weight: float = 1.0
     request_prior_weight: float = 4.0
+    # The multiplier of a position's counts at a step whose observation did not test it
+    # (None: ``decay``, as for a tested one). See the module's docstring.
+    untested_decay: float | None = None
+
+    def fading(self, tested: np.ndarray) -> float | np.ndarray:
+        """The multiplier of the old counts where ``tested`` (> 0) says which positions the new
+        observation tested: ``decay`` everywhere unless ``untested_decay`` is set."""
+        if self.untested_decay is None:
+            return self.decay
+        return np.where(tested > 0, self.decay, self.untested_decay)
 
 
 def _rates(tested: np.ndarray, accepted: np.ndarray, prior: np.ndarray | float,
@@ -121,16 +142,20 @@ class AcceptanceTracker:
 
     def _fold_rows(self, rows, new: np.ndarray) -> None:
         counts = self._rows.counts
-        counts[rows] = counts[rows] * self.settings.decay + new
+        # [rows, K] -> [rows, 1, K]: tested and accepted counts of a position fade together.
+        fading = self.settings.fading(new[:, TESTED])
+        if not np.isscalar(fading):
+            fading = fading[:, None, :]
+        counts[rows] = counts[rows] * fading + new
 
     def end_step(self) -> None:
         """Fold this step's observations into the engine-wide counts."""
         self._fold()
         step = self._step_counts
         if step[TESTED].any():
-            decay = self.settings.decay
-            self.tested = self.tested * decay + step[TESTED]
-            self.accepted = self.accepted * decay + step[ACCEPTED]
+            fading = self.settings.fading(step[TESTED])
+            self.tested = self.tested * fading + step[TESTED]
+            self.accepted = self.accepted * fading + step[ACCEPTED]
             self._step_counts = np.zeros_like(step)
             self._engine_rates = None
             self.version += 1

@@ -126,7 +126,8 @@ def controller_settings(method: str) -> dict:
                 cost_estimator=envs.adaptive_observed_estimator(),
                 probe_budget=envs.adaptive_probe_budget(), switch_gain=envs.adaptive_switch_gain(),
                 length_gain=length_gain(method),
-                measure_probes=envs.adaptive_probe_cost() == "observed")
+                measure_probes=envs.adaptive_probe_cost() == "observed",
+                untested_decay=envs.adaptive_untested_decay())
 
 
 def adaptive_enabled(vllm_config) -> bool:

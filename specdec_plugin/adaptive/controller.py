@@ -102,7 +102,7 @@ class DraftLengthController:
                  resume_gain: float = RESUME_GAIN, protect_quantile: float | None = None,
                  cost_estimator: str = "median", probe_budget: float = PROBE_BUDGET,
                  switch_gain: float | None = None, length_gain: float | None = None,
-                 measure_probes: bool = False):
+                 measure_probes: bool = False, untested_decay: float | None = None):
         self.max_k = max_k
         self.length_gain = length_gain  # None: min_gain between drafting lengths too (policy.py)
         self.probe_budget = probe_budget
@@ -115,7 +115,8 @@ class DraftLengthController:
         # What the policy reads: the table, corrected where steps were observed.
         self.cost = self.observed_cost if self.observed_cost is not None else cost
         self.allowed = tuple(sorted(set(allowed))) if allowed is not None else tuple(range(max_k + 1))
-        self.tracker = AcceptanceTracker(settings or AcceptanceSettings(max_k=max_k))
+        self.tracker = AcceptanceTracker(
+            settings or AcceptanceSettings(max_k=max_k, untested_decay=untested_decay))
         self.last_k: int | None = None
         drafting = [k for k in self.allowed if k > 0]
         self.probe_length = min(drafting, key=lambda k: abs(k - PROBE_LENGTH)) if drafting else 0
