@@ -27,6 +27,12 @@ KERNELS: dict[str, dict[str, str]] = {
         "triton": f"{_OPS}.paged_attention.triton:paged_attention",
         "cpp": f"{_OPS}.paged_attention.cpp:paged_attention",
     },
+    # the query tokens' KV write, then attention: one launch in Triton (issue 12; the CUDA
+    # attention layers use it with SPECDEC_FUSED_KV_WRITE=1)
+    "paged_attention_write_kv": {
+        "torch": f"{_OPS}.paged_attention.reference:paged_attention_write_kv",
+        "triton": f"{_OPS}.paged_attention.triton:paged_attention_write_kv",
+    },
     # split-KV workspace sized before graph capture (a no-op for the torch reference)
     "paged_attention_workspace": {
         "torch": f"{_OPS}.paged_attention.reference:reserve_workspace",

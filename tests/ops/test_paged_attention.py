@@ -262,7 +262,14 @@ def workspace_case(reserve, provider, device, dtype, seed):
     return out, case
 
 
-CASES = {"paged_attention": paged_attention_case, "paged_attention_workspace": workspace_case}
+def write_kv_case(fused, provider, device, dtype, seed):
+    from tests.ops.test_paged_attention_write_kv import fused_case  # it imports this module
+
+    return fused_case(fused, provider, device, dtype, seed)
+
+
+CASES = {"paged_attention": paged_attention_case, "paged_attention_workspace": workspace_case,
+         "paged_attention_write_kv": write_kv_case}
 
 
 @pytest.mark.parametrize("op,provider", providers_to_compare(FOLDER))

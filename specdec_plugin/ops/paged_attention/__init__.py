@@ -13,4 +13,9 @@ Layout shared by every provider:
   int32 (tokens in the cache after this step, queries included).
 The query tokens of request i are the last ``q_len_i`` tokens of its ``seq_len_i``; rows with
 ``q_len_i == 0`` (graph padding) are not read or written.
+
+``paged_attention_write_kv`` first writes the K/V rows of the real query tokens (``key`` /
+``value`` ``[num_tokens, num_kv_heads, head_size]``, the tokens of query_start_loc's ranges)
+at their ``slot_mapping`` slots, as ``reshape_and_cache`` does (negative slots skipped), then
+runs ``paged_attention``; the result is the two ops' in that order.
 """

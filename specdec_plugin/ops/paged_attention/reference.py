@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec_plugin.ops.paged_attention.validate import check_paged_attention
+from specdec_plugin.ops.paged_attention.validate import check_paged_attention, check_write_kv
 
 
 def _padded_query_index(query_start_loc: torch.Tensor, max_query_len: int):
@@ -76,6 +76,28 @@ def paged_attention(
     attn = attn.transpose(1, 2)[valid]  # [total real rows, q_heads, head], in packed order
     out[index[valid]] = attn.to(out.dtype)
     return out
+
+
+def paged_attention_write_kv(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+    value_cache: torch.Tensor, slot_mapping: torch.Tensor, block_table: torch.Tensor,
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, out: torch.Tensor,
+    max_query_len: int, max_seq_len: int, host_bound: bool = False, plan_seq_len: int = 0,
+) -> torch.Tensor:
+    """The real query tokens' K/V written at their ``slot_mapping`` slots (negative: skipped),
+    then ``paged_attention`` (the package docstring's contract)."""
+    from specdec_plugin.ops.reshape_and_cache.reference import reshape_and_cache
+
+    check_paged_attention(query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
+                          out, max_query_len, max_seq_len)
+    num_seqs = seq_lens.shape[0]
+    check_write_kv(key, value, key_cache, value_cache, slot_mapping, query_start_loc, num_seqs)
+    if num_seqs:
+        first, end = int(query_start_loc[0]), int(query_start_loc[num_seqs])
+        reshape_and_cache(key[first:end], value[first:end], key_cache, value_cache,
+                          slot_mapping[first:end])
+    return paged_attention(query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
+                           scale, out, max_query_len, max_seq_len, host_bound, plan_seq_len)
 
 
 def reserve_workspace(max_num_seqs: int, query_lens: tuple[int, ...], num_q_heads: int,

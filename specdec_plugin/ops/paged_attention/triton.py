@@ -46,7 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec_plugin.ops.paged_attention.validate import check_paged_attention
+from specdec_plugin.ops.paged_attention.triton_kv_write import _write_new_kv
+from specdec_plugin.ops.paged_attention.validate import check_paged_attention, check_write_kv
 
 # Running max starts finite so a row whose keys are all masked in one tile/split gives
 # exp2(-inf - (-1e30)) = 0 rather than exp2(-inf - -inf) = NaN.
@@ -100,6 +101,8 @@ def _store_rows(out_ptr, token, q_head, dims, stride_ot, stride_oh, acc, l_i, ma
 def _attention_tile_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, query_start_loc_ptr, seq_lens_ptr,
     out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
+    key_ptr, value_ptr, slot_mapping_ptr,  # this step's K/V rows (WRITE_KV only)
+    stride_knt, stride_knh, stride_vnt, stride_vnh,
     qk_scale,  # softmax scale * log2(e)
     stride_qt, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -114,6 +117,7 @@ def _attention_tile_kernel(
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
     SPLIT_KV: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    WRITE_KV: tl.constexpr,
 ):
     pid = tl.program_id(0)
     seq = pid // num_q_tiles
@@ -161,6 +165,12 @@ def _attention_tile_kernel(
     table_row = block_table_ptr + seq.to(tl.int64) * stride_bt
     k_head = k_cache_ptr + kv_head.to(tl.int64) * stride_kh
     v_head = v_cache_ptr + kv_head.to(tl.int64) * stride_vh
+    if WRITE_KV:
+        _write_new_kv(key_ptr, value_ptr, slot_mapping_ptr, stride_knt, stride_knh, stride_vnt,
+                      stride_vnh, k_head, v_head, stride_kb, stride_ks, stride_vb, stride_vs,
+                      kv_head, q_start, context_len, kv_lo, kv_hi, dims, dim_valid,
+                      CACHE_BLOCK, BLOCK_N)
+        tl.debug_barrier()  # the block's stores are visible to all its threads' loads below
     for start in range(kv_lo, kv_hi, BLOCK_N):
         k_pos = start + tl.arange(0, BLOCK_N)
         k_valid = k_pos < kv_hi
@@ -418,13 +428,32 @@ def paged_attention(
                                   host_bound, plan_seq_len)
 
 
+def paged_attention_write_kv(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+    value_cache: torch.Tensor, slot_mapping: torch.Tensor, block_table: torch.Tensor,
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, out: torch.Tensor,
+    max_query_len: int, max_seq_len: int, host_bound: bool = False, plan_seq_len: int = 0,
+) -> torch.Tensor:
+    """``reshape_and_cache`` of the query tokens' K/V, then ``paged_attention``, in one launch
+    (plus the merge where the KV is split): each program stores the new keys of its own KV
+    range before it reads them (``triton_kv_write.py``). Contract: the package docstring."""
+    check_paged_attention(query, key_cache, value_cache, block_table, query_start_loc,
+                          seq_lens, out, max_query_len, max_seq_len)
+    check_write_kv(key, value, key_cache, value_cache, slot_mapping, query_start_loc,
+                   seq_lens.shape[0])
+    return paged_attention_splits(query, key_cache, value_cache, block_table, query_start_loc,
+                                  seq_lens, scale, out, max_query_len, max_seq_len, None,
+                                  host_bound, plan_seq_len, new_kv=(key, value, slot_mapping))
+
+
 def paged_attention_splits(
     query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale, out,
     max_query_len: int, max_seq_len: int, num_splits: int | None, host_bound: bool = False,
-    plan_seq_len: int = 0, split_min_keys: int | None = None,
+    plan_seq_len: int = 0, split_min_keys: int | None = None, new_kv: tuple | None = None,
 ) -> torch.Tensor:
     """``paged_attention`` with the KV split count forced (``None``: heuristic), and the
-    fewest keys per slice (``None``: the default). For tests and benchmarks."""
+    fewest keys per slice (``None``: the default). For tests and benchmarks. ``new_kv``:
+    ``(key, value, slot_mapping)`` to store first, in the same launch."""
     check_paged_attention(query, key_cache, value_cache, block_table, query_start_loc,
                           seq_lens, out, max_query_len, max_seq_len)
     num_seqs = seq_lens.shape[0]
@@ -453,9 +482,13 @@ def paged_attention_splits(
         else:
             part_acc, part_max, part_sum = buffers
 
+    # Without new K/V the pointers are placeholders that WRITE_KV=False compiles away.
+    key, value, slot_mapping = new_kv if new_kv is not None else (query, query, seq_lens)
     _attention_tile_kernel[(num_seqs * plan.num_q_tiles, num_kv_heads, num_splits)](
         query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
         out, part_acc, part_max, part_sum,
+        key, value, slot_mapping, key.stride(0), key.stride(1), value.stride(0),
+        value.stride(1),
         scale * _LOG2E,
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -468,6 +501,7 @@ def paged_attention_splits(
         BLOCK_Q=plan.block_q, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
         HEAD=head, HEAD_PAD=plan.head_pad, SPLIT_KV=num_splits > 1,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        WRITE_KV=new_kv is not None,
         num_warps=plan.num_warps, num_stages=2,
     )
     if num_splits > 1:

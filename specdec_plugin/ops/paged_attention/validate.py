@@ -7,6 +7,7 @@ from specdec_plugin.ops.contract import (CheckedValues, PassedStructure, fail, s
                                          values_on_host)
 
 _OP = "paged_attention"
+_WRITE_OP = "paged_attention_write_kv"
 _checked = CheckedValues()  # the layers of one step share their metadata tensors
 _structure = PassedStructure()  # ... and the shapes of their query, output and caches
 
@@ -114,3 +115,18 @@ def _check_lengths(num_tokens: int, num_blocks: int, block_size: int, block_tabl
     blocks = block_table[: seq_lens.shape[0]]
     if bool((used & ((blocks < 0) | (blocks >= num_blocks))).any()):
         fail(_OP, f"a block_table entry a request reads is outside [0, {num_blocks})")
+
+
+def check_write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                   value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                   query_start_loc: torch.Tensor, num_seqs: int) -> None:
+    """``paged_attention_write_kv``'s inputs beyond ``paged_attention``'s: the KV write's
+    contract, and a slot for every real query token (providers read ``slot_mapping[t]`` for
+    the tokens ``t`` of ``query_start_loc``'s ranges)."""
+    from specdec_plugin.ops.reshape_and_cache.validate import check_reshape_and_cache
+
+    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    if num_seqs and values_on_host(query_start_loc) \
+            and int(query_start_loc[num_seqs]) > slot_mapping.shape[0]:
+        fail(_WRITE_OP, f"{int(query_start_loc[num_seqs])} query tokens but only "
+                        f"{slot_mapping.shape[0]} slots in slot_mapping")
