@@ -10,7 +10,7 @@ per-position acceptance at each batch size, and the ratio ours/native.
         [--methods none,draft_model,eagle,eagle3,ngram,suffix] [--batches 1,16]
         [--backends native,ours,ours-static,ours-k-padded,ours-defer,ours-nodefer,ours-async,native-async,ours-sync,
                     ours-uniform,ours-ragged,ours-suffix-async,ours-suffix-sync,ours-suffix-late,ours-suffix-early,
-                    ours-observed,ours-full-inputs,ours-slow-explore,
+                    ours-observed,ours-full-inputs,ours-slow-explore,ours-fused-kv,
                     ours-unpadded]
 
 Models:
@@ -138,6 +138,10 @@ BACKENDS = {
     # 61: the default keeps them on the device, worker/uniform_step_inputs.py).
     "ours-full-inputs": Backend("ours", "specdec_plugin, vLLM's per-step input uploads",
                                 {"SPECDEC_LEAN_STEP_INPUTS": "0"}, methods=_DRAFTING),
+    # Each layer's new K/V written inside its attention launch (issue 12, session 62:
+    # ops/paged_attention paged_attention_write_kv), every method and plain decoding.
+    "ours-fused-kv": Backend("ours", "specdec_plugin, KV write fused into attention",
+                             {"SPECDEC_FUSED_KV_WRITE": "1"}),
     # Deeper drafts that missed retried less often (issue 12, session 62: at synthetic 3.0
     # EAGLE-3 drafted 3-4 in 21% of its batch-1 steps; adaptive/acceptance.py).
     "ours-slow-explore": Backend("ours", "specdec_plugin, untested positions fade slowly",
@@ -478,7 +482,8 @@ def main() -> None:
                              "SPECDEC_DRAFTER_PADDING=0, draft model; ours-k-padded: "
                              "SPECDEC_ADAPTIVE_LENGTHS=4, K every step through our scheduler; "
                              "ours-full-inputs: SPECDEC_LEAN_STEP_INPUTS=0; "
-                             "ours-slow-explore: SPECDEC_ADAPTIVE_UNTESTED_DECAY=0.99)")
+                             "ours-slow-explore: SPECDEC_ADAPTIVE_UNTESTED_DECAY=0.99; "
+                             "ours-fused-kv: SPECDEC_FUSED_KV_WRITE=1)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "
                              "run_clock_windows) to tell a slow timed run's cause")

@@ -113,6 +113,10 @@
   that verified no drafts too (the valid-token counts' host copy and the device correction of
   computed tokens), instead of leaving out what has nothing to do there
   (worker/plain_step_bookkeeping.py). Default on (left out).
+- ``SPECDEC_FUSED_KV_WRITE=1``: write each attention layer's new K/V inside the attention
+  kernel's launch (ops/paged_attention ``paged_attention_write_kv``; the platform then picks
+  attention/backend.py's ``SpecDecFusedKVAttentionBackend``) instead of a separate
+  ``reshape_and_cache`` launch per layer. Triton devices only. Opt-in until timed on a GPU.
 - ``SPECDEC_LEAN_STEP_INPUTS=0``: build a uniform speculative step's input ids and index
   tensors with vLLM's per-step uploads, instead of strided device copies and index tensors
   kept per batch shape (worker/uniform_step_inputs.py). Default on.
@@ -355,6 +359,10 @@ def adaptive_length_gain() -> float | None:
                    "more tokens per second than a shorter one)",
                    "unset it for the default (EAGLE-3: 0; other methods: the 3% that drafting "
                    "needs over plain steps)")
+
+
+def fused_kv_write() -> bool:
+    return os.environ.get("SPECDEC_FUSED_KV_WRITE", "0").strip().lower() in _TRUE
 
 
 def adaptive_untested_decay() -> float | None:

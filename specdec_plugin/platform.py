@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
+from specdec_plugin import envs
 from specdec_plugin.device import DEVICES, get_device
 from specdec_plugin.device.base import DeviceLayer
 
@@ -31,6 +32,8 @@ from specdec_plugin.patches import suffix_async_types as _p12  # noqa: E402
 _p12.apply_in_this_process(get_device(select_device_name()).suffix_async_default)
 
 ATTENTION_BACKEND = "specdec_plugin.attention.backend.SpecDecAttentionBackend"
+# SPECDEC_FUSED_KV_WRITE=1: the new K/V written inside the attention kernel's launch.
+FUSED_KV_ATTENTION_BACKEND = "specdec_plugin.attention.backend.SpecDecFusedKVAttentionBackend"
 WORKER = "specdec_plugin.worker.worker.SpecDecWorker"
 
 
@@ -136,8 +139,23 @@ class SpecDecPlatform(Platform):
             )
         if attn_selector_config.use_mla:
             raise ValueError("specdec_plugin has no MLA attention; serve a model without MLA.")
-        register_backend(AttentionBackendEnum.CUSTOM, ATTENTION_BACKEND)
-        return ATTENTION_BACKEND
+        backend = cls._attention_backend()
+        register_backend(AttentionBackendEnum.CUSTOM, backend)
+        return backend
+
+    @classmethod
+    def _attention_backend(cls) -> str:
+        if not envs.fused_kv_write():
+            return ATTENTION_BACKEND
+        from specdec_plugin.ops.registry import KERNELS
+
+        provider = cls.device.kernel_providers[0]
+        if provider not in KERNELS["paged_attention_write_kv"]:
+            raise ValueError(
+                f"SPECDEC_FUSED_KV_WRITE=1: the {cls.device.name} device's attention kernels "
+                f"({provider}) have no fused KV write (ops/paged_attention: Triton only). Fix: "
+                "unset SPECDEC_FUSED_KV_WRITE.")
+        return FUSED_KV_ATTENTION_BACKEND
 
     # ---- configuration ----
     @classmethod

@@ -59,6 +59,33 @@ def test_every_tile_class_is_launched_split_and_unsplit(monkeypatch, heads):
     assert torch.equal(kv_cache, before)  # reads the cache, writes nothing to it
 
 
+def test_fused_kv_write_layers_launch_their_variants_too(monkeypatch):
+    """SPECDEC_FUSED_KV_WRITE: the fused kernel is a variant of its own (WRITE_KV), so each
+    tile class is launched with it as well, over slots that are all padding: nothing is
+    written."""
+    from specdec_plugin.ops.paged_attention import triton as kernels
+    from tests.ops.providers import small_shape_device
+
+    device = small_shape_device()
+    monkeypatch.setattr(kernels, "_device_index", lambda device: 0)
+    monkeypatch.setattr(kernels, "_sm_count", lambda device_index: 132)
+    kv_cache = torch.rand(2, BLOCKS, BLOCK, HKV, HEAD, device=device) + 0.5
+    before = kv_cache.clone()
+    runner = _runner(kv_cache)
+    fused = []
+    for layer in runner.compilation_config.static_forward_context.values():
+        if hasattr(layer, "impl"):
+            layer.impl.writes_kv_in_forward = True
+            layer.impl._attention_write_kv = get_kernel("paged_attention_write_kv", ("triton",))
+    real = kernels.paged_attention_splits
+    monkeypatch.setattr(kernels, "paged_attention_splits",
+                        lambda *a, **k: fused.append(k.get("new_kv") is not None) or real(*a, **k))
+
+    assert compile_attention_variants(runner) == 12  # 3 tiles x split or not x fused or not
+    assert sum(fused) == 6
+    assert torch.equal(kv_cache, before)
+
+
 def test_layers_without_our_attention_or_cache_are_skipped():
     runner = _runner(torch.tensor([]))  # before the KV cache is bound
     assert compile_attention_variants(runner) == 0

@@ -56,6 +56,16 @@ class SpecDecAttentionBackend(AttentionBackend):
         return True
 
 
+class SpecDecFusedKVAttentionBackend(SpecDecAttentionBackend):
+    """The same attention with the new K/V written inside its launch (SPECDEC_FUSED_KV_WRITE,
+    chosen by the platform): vLLM skips its separate KV update for such a backend."""
+    forward_includes_kv_cache_update: bool = True
+
+    @staticmethod
+    def get_impl_cls() -> type[SpecDecAttentionImpl]:
+        return _bound(SpecDecAttentionImpl, _kernel_providers(), writes_kv_in_forward=True)
+
+
 def _kernel_providers() -> tuple[str, ...]:
     # The one place in attention/ that reads the platform: the layers below get the device's
     # kernel providers from here (vLLM constructs them with its own arguments only).
@@ -65,7 +75,9 @@ def _kernel_providers() -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=None)
-def _bound(cls: type, providers: tuple[str, ...]) -> type:
-    """``cls`` with ``kernel_providers`` set: one subclass per (class, providers), so vLLM's
-    class identity checks between layers of the same model still see a single class."""
-    return type(cls.__name__, (cls,), {"kernel_providers": providers, "__module__": cls.__module__})
+def _bound(cls: type, providers: tuple[str, ...], **attributes) -> type:
+    """``cls`` with ``kernel_providers`` (and ``attributes``) set: one subclass per (class,
+    providers, attributes), so vLLM's class identity checks between layers of the same model
+    still see a single class."""
+    return type(cls.__name__, (cls,), {"kernel_providers": providers, **attributes,
+                                       "__module__": cls.__module__})

@@ -12,6 +12,11 @@ from specdec_plugin.ops.registry import get_kernel
 class SpecDecAttentionImpl(AttentionImpl[SpecDecAttentionMetadata]):
     # Set by the backend (backend.py: _bound) from the device layer; the torch reference here.
     kernel_providers: tuple[str, ...] = ("torch",)
+    # Set by the backend whose forward_includes_kv_cache_update is True
+    # (SPECDEC_FUSED_KV_WRITE): vLLM then skips its separate KV update, and forward writes the
+    # new K/V itself, in the attention kernel's launch (ops/paged_attention:
+    # paged_attention_write_kv).
+    writes_kv_in_forward: bool = False
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int | None = None,
                  alibi_slopes: list[float] | None = None, sliding_window: int | None = None,
@@ -39,6 +44,8 @@ class SpecDecAttentionImpl(AttentionImpl[SpecDecAttentionMetadata]):
         self.attn_type = attn_type
         self._attention = get_kernel("paged_attention", self.kernel_providers)
         self._write_cache = get_kernel("reshape_and_cache", self.kernel_providers)
+        self._attention_write_kv = (get_kernel("paged_attention_write_kv", self.kernel_providers)
+                                    if self.writes_kv_in_forward else None)
         # (kv_cache, its data_ptr, shape, stride, (key_cache, value_cache)): see _kv_views.
         self._kv_views_of: tuple | None = None
 
@@ -74,6 +81,16 @@ class SpecDecAttentionImpl(AttentionImpl[SpecDecAttentionMetadata]):
             # vLLM's profiling pass runs the model with no metadata and no cache.
             return output.fill_(0)
         key_cache, value_cache = self._kv_views(kv_cache)
+        slot_mapping = self._forward_slot_mapping(layer, key, value)
+        if slot_mapping is not None:
+            self._attention_write_kv(
+                query, key, value, key_cache, value_cache, slot_mapping,
+                attn_metadata.block_table, attn_metadata.query_start_loc, attn_metadata.seq_lens,
+                self.scale, output, attn_metadata.max_query_len, attn_metadata.max_seq_len,
+                host_bound=attn_metadata.drafting,
+                plan_seq_len=attn_metadata.split_plan_seq_len,
+            )
+            return output
         self._attention(
             query, key_cache, value_cache, attn_metadata.block_table,
             attn_metadata.query_start_loc, attn_metadata.seq_lens, self.scale, output,
@@ -81,3 +98,15 @@ class SpecDecAttentionImpl(AttentionImpl[SpecDecAttentionMetadata]):
             host_bound=attn_metadata.drafting, plan_seq_len=attn_metadata.split_plan_seq_len,
         )
         return output
+
+    def _forward_slot_mapping(self, layer: AttentionLayer, key: torch.Tensor | None,
+                              value: torch.Tensor | None) -> torch.Tensor | None:
+        """Where forward writes the new K/V: the slots vLLM's separate update would have used
+        (this layer's entry of the forward context), or None where it would not have written
+        (not our fused backend, a layer sharing another's KV, no key, no slots this step)."""
+        if not self.writes_kv_in_forward or self.kv_sharing_target_layer_name is not None \
+                or key is None or value is None:
+            return None
+        from vllm.model_executor.layers.attention.attention import get_attention_context
+
+        return get_attention_context(layer.layer_name)[3]

@@ -78,6 +78,15 @@ def compile_attention_variants(runner) -> int:
                                 seq_lens, impl.scale, out, q, q, host_bound=host_bound,
                                 plan_seq_len=plan_seq_len)
                 launches += 1
+                if impl.writes_kv_in_forward:  # SPECDEC_FUSED_KV_WRITE: its own variants
+                    new_kv = torch.randn(q, impl.num_kv_heads, impl.head_size, dtype=dtype,
+                                         device=device)
+                    no_slots = torch.full((q,), -1, dtype=torch.int64, device=device)
+                    impl._attention_write_kv(query, new_kv, new_kv, key_cache, value_cache,
+                                             no_slots, block_table, query_start_loc, seq_lens,
+                                             impl.scale, out, q, q, host_bound=host_bound,
+                                             plan_seq_len=plan_seq_len)
+                    launches += 1
     return launches  # compiled on the host at launch: nothing to wait for
 
 
