@@ -436,9 +436,8 @@ def paged_attention_write_kv(
 ) -> torch.Tensor:
     """``reshape_and_cache`` of the query tokens' K/V, then ``paged_attention``, in one launch
     (plus the merge where the KV is split): each program stores the new keys of its own KV
-    range before it reads them (``triton_kv_write.py``). Contract: the package docstring."""
-    check_paged_attention(query, key_cache, value_cache, block_table, query_start_loc,
-                          seq_lens, out, max_query_len, max_seq_len)
+    range before it reads them (``triton_kv_write.py``). Contract: the package docstring.
+    ``paged_attention_splits`` checks the attention's own arguments."""
     check_write_kv(key, value, key_cache, value_cache, slot_mapping, query_start_loc,
                    seq_lens.shape[0])
     return paged_attention_splits(query, key_cache, value_cache, block_table, query_start_loc,
