@@ -117,6 +117,8 @@
   kernel's launch (ops/paged_attention ``paged_attention_write_kv``; the platform then picks
   attention/backend.py's ``SpecDecFusedKVAttentionBackend``) instead of a separate
   ``reshape_and_cache`` launch per layer. Triton devices only. Opt-in until timed on a GPU.
+  Read when a process first selects its attention backend (vLLM keeps that choice for the
+  process's later engines).
 - ``SPECDEC_LEAN_STEP_INPUTS=0``: build a uniform speculative step's input ids and index
   tensors with vLLM's per-step uploads, instead of strided device copies and index tensors
   kept per batch shape (worker/uniform_step_inputs.py). Default on.

@@ -53,8 +53,14 @@ def counted_kernels(monkeypatch):
     monkeypatch.setattr(kv_write, "reshape_and_cache",
                         counting("separate", kv_write.reshape_and_cache))
     monkeypatch.setenv("SPECDEC_FUSED_KV_WRITE", "1")
+    # vLLM keeps the attention backend it selected for the process's earlier engines (its
+    # selector is cached): select afresh here, and again for the engines after this test.
+    from vllm.v1.attention.selector import _cached_get_attn_backend
+
+    _cached_get_attn_backend.cache_clear()
     get_kernel.cache_clear()
     yield calls
+    _cached_get_attn_backend.cache_clear()
     get_kernel.cache_clear()
 
 
