@@ -48,12 +48,19 @@ def with_new_kv(case: dict, q_lens: list[int], padded_slots: float = 0.2) -> dic
     return {**case, "key": key, "value": value, "slot_mapping": slots.to(device)}
 
 
+def written_caches(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies of the caches with the real query tokens' K/V written by the reference
+    ``reshape_and_cache``: what the fused op must leave in them."""
+    key_cache, value_cache = case["key_cache"].clone(), case["value_cache"].clone()
+    real = int(case["query_start_loc"][-1])
+    reshape_and_cache(case["key"][:real], case["value"][:real], key_cache, value_cache,
+                      case["slot_mapping"][:real])
+    return key_cache, value_cache
+
+
 def separate_ops(case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The reference order on copies of the caches, in fp32: the KV write, then attention."""
-    key_cache, value_cache = case["key_cache"].float().clone(), case["value_cache"].float().clone()
-    real = int(case["query_start_loc"][-1])
-    reshape_and_cache(case["key"][:real].float(), case["value"][:real].float(), key_cache,
-                      value_cache, case["slot_mapping"][:real])
+    key_cache, value_cache = (cache.float() for cache in written_caches(case))
     out = torch.zeros(case["query"].shape, dtype=torch.float32, device=case["query"].device)
     reference.paged_attention(case["query"].float(), key_cache, value_cache,
                               case["block_table"], case["query_start_loc"], case["seq_lens"],
@@ -114,10 +121,7 @@ def fused_case(fused, provider, device, dtype, seed):
     hkv = rng.choice([1, 2, 4])
     case = with_new_kv(make_case(q_lens, seq_lens, hkv * rng.choice([1, 4]), hkv, 64,
                                  rng.choice([16, 32]), dtype, device), q_lens)
-    expected_key, expected_value = case["key_cache"].clone(), case["value_cache"].clone()
-    real = int(case["query_start_loc"][-1])
-    reshape_and_cache(case["key"][:real], case["value"][:real], expected_key, expected_value,
-                      case["slot_mapping"][:real])
+    expected_key, expected_value = written_caches(case)
     out = torch.full_like(case["query"], float("nan"))
     fused(**case, out=out)
     assert torch.equal(case["key_cache"], expected_key)
