@@ -88,6 +88,8 @@ def paged_attention_write_kv(
     then ``paged_attention`` (the package docstring's contract)."""
     from specdec_plugin.ops.reshape_and_cache.reference import reshape_and_cache
 
+    # Checked before the write (paged_attention checks again, after it): a bad attention
+    # argument must not leave the caches written.
     check_paged_attention(query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
                           out, max_query_len, max_seq_len)
     num_seqs = seq_lens.shape[0]
