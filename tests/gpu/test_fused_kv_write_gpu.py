@@ -4,13 +4,18 @@ launches.
 
 SmolLM2-135M, 32 prompts x 64 greedy tokens, engines with vLLM's defaults (torch.compile, full
 graphs) in their own processes:
-- plain decoding with the fused write equals plain decoding without it on every prompt, fp32
-  and bf16: the kernel reads the same keys in the same order, so any difference is a missed or
-  late write (a program reading a slot before it is written);
+- plain decoding with the fused write equals plain decoding without it: fp32 on every prompt
+  (the kernel reads the same keys in the same order, so any difference is a missed or late
+  write, a program reading a slot before it is written); bf16 but for near-ties, the rule
+  every bf16 comparison of two engines here follows (tests/gpu/ties.py: two plain bf16 engines
+  of ours read 31 of 32 prompts equal in sessions 9-24; session 63's first run of this test
+  asked for all 32 and read 31);
 - EAGLE-3 (K=4) with the fused write equals plain decoding: fp32 on every prompt but at most
   one (a near-tie, as tests/gpu/test_spec_decode_gpu.py allows), bf16 but for near-ties.
 
-Added in session 62, not yet run on a GPU. Run on the device:
+Added in session 62; first run in session 63 (H100): fp32 and both EAGLE-3 checks passed,
+bf16 plain decoding read 31 of 32 prompts equal under the exact rule it then had. Run on the
+device:
 
     python -m pytest -q -m gpu tests/gpu/test_fused_kv_write_gpu.py
 """
@@ -59,11 +64,19 @@ def results():
     return out
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_plain_decoding_is_the_same_with_the_fused_write(results, dtype):
-    want = single_batch(results, f"{dtype}/none")["token_ids"]
-    got = single_batch(results, f"{dtype}/none-fused")["token_ids"]
+def test_fp32_plain_decoding_is_the_same_with_the_fused_write(results):
+    want = single_batch(results, "float32/none")["token_ids"]
+    got = single_batch(results, "float32/none-fused")["token_ids"]
     assert count_equal(got, want) == len(want)
+
+
+def test_bf16_plain_decoding_with_the_fused_write_differs_only_at_near_ties(results):
+    from tests.prompts_gpu import BENCH_PROMPTS
+
+    want = single_batch(results, "bfloat16/none")["token_ids"]
+    got = single_batch(results, "bfloat16/none-fused")["token_ids"]
+    assert_flips_are_near_ties(results["_smollm2"], BENCH_PROMPTS, want, got,
+                               "bfloat16/none-fused", BF16_MIN_EQUAL)
 
 
 def test_fp32_eagle3_with_the_fused_write_equals_no_speculation(results):
