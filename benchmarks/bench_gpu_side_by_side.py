@@ -11,7 +11,6 @@ per-position acceptance at each batch size, and the ratio ours/native.
         [--backends native,ours,ours-static,ours-k-padded,ours-defer,ours-nodefer,ours-async,native-async,ours-sync,
                     ours-uniform,ours-ragged,ours-suffix-async,ours-suffix-sync,ours-suffix-late,ours-suffix-early,
                     ours-observed,ours-full-inputs,ours-slow-explore,ours-fused-kv,
-                    ours-fused-slow,
                     ours-unpadded]
 
 Models:
@@ -148,12 +147,6 @@ BACKENDS = {
     "ours-slow-explore": Backend("ours", "specdec_plugin, untested positions fade slowly",
                                  {"SPECDEC_ADAPTIVE_UNTESTED_DECAY": "0.99"},
                                  methods=_DRAFTING),
-    # Both of the above: the candidate default should each help on its own (issue 12,
-    # session 63).
-    "ours-fused-slow": Backend("ours", "specdec_plugin, fused KV write, slow fading",
-                               {"SPECDEC_FUSED_KV_WRITE": "1",
-                                "SPECDEC_ADAPTIVE_UNTESTED_DECAY": "0.99"},
-                               methods=_DRAFTING),
     # The drafter's KV sync deferred over plain steps (issue 11; the CUDA default since
     # session 13, so "ours" has it too unless the environment sets it to 0).
     "ours-defer": Backend("ours", "specdec_plugin, drafter sync deferred",
@@ -490,8 +483,7 @@ def main() -> None:
                              "SPECDEC_ADAPTIVE_LENGTHS=4, K every step through our scheduler; "
                              "ours-full-inputs: SPECDEC_LEAN_STEP_INPUTS=0; "
                              "ours-slow-explore: SPECDEC_ADAPTIVE_UNTESTED_DECAY=0.99; "
-                             "ours-fused-kv: SPECDEC_FUSED_KV_WRITE=1; ours-fused-slow: "
-                             "both of the last two)")
+                             "ours-fused-kv: SPECDEC_FUSED_KV_WRITE=1)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "
                              "run_clock_windows) to tell a slow timed run's cause")
