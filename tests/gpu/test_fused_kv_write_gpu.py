@@ -70,13 +70,17 @@ def test_fp32_plain_decoding_is_the_same_with_the_fused_write(results):
     assert count_equal(got, want) == len(want)
 
 
-def test_bf16_plain_decoding_with_the_fused_write_differs_only_at_near_ties(results):
+def _assert_bf16_job_differs_from_plain_only_at_near_ties(results, name: str) -> None:
     from tests.prompts_gpu import BENCH_PROMPTS
 
     want = single_batch(results, "bfloat16/none")["token_ids"]
-    got = single_batch(results, "bfloat16/none-fused")["token_ids"]
-    assert_flips_are_near_ties(results["_smollm2"], BENCH_PROMPTS, want, got,
-                               "bfloat16/none-fused", BF16_MIN_EQUAL)
+    got = single_batch(results, name)["token_ids"]
+    assert_flips_are_near_ties(results["_smollm2"], BENCH_PROMPTS, want, got, name,
+                               BF16_MIN_EQUAL)
+
+
+def test_bf16_plain_decoding_with_the_fused_write_differs_only_at_near_ties(results):
+    _assert_bf16_job_differs_from_plain_only_at_near_ties(results, "bfloat16/none-fused")
 
 
 def test_fp32_eagle3_with_the_fused_write_equals_no_speculation(results):
@@ -88,9 +92,4 @@ def test_fp32_eagle3_with_the_fused_write_equals_no_speculation(results):
 
 
 def test_bf16_eagle3_with_the_fused_write_equals_no_speculation_but_near_ties(results):
-    from tests.prompts_gpu import BENCH_PROMPTS
-
-    want = single_batch(results, "bfloat16/none")["token_ids"]
-    got = single_batch(results, "bfloat16/eagle3-fused")["token_ids"]
-    assert_flips_are_near_ties(results["_smollm2"], BENCH_PROMPTS, want, got,
-                               "bfloat16/eagle3-fused", BF16_MIN_EQUAL)
+    _assert_bf16_job_differs_from_plain_only_at_near_ties(results, "bfloat16/eagle3-fused")
