@@ -1,0 +1,109 @@
+"""Triton skinny GEMM: ``y = x @ weight.T + bias`` for a few rows of ``x`` (see the package doc).
+
+Why a kernel of our own: at batch 1 a speculative step multiplies 1-5 token rows by every weight
+of the model, so each product only streams its weight once from device memory. cuBLAS reads the
+attention projections (qkv, o) of a 7B model at about 3.2 TB/s on the H200 (session 61's
+device profile), two thirds of the memory's rate; they are small matrices (34-50 MB) that its
+tiles spread over too few programs.
+
+One program owns ``BLOCK_N`` output columns for all (at most ``BLOCK_M``) rows and walks the
+whole of K in order, so there is no split-K reduction and no second launch. The tile is a
+``tl.dot`` of the padded rows ``[BLOCK_M, BLOCK_K]`` with ``[BLOCK_K, BLOCK_N]`` of the weight
+(read along K, its contiguous dimension, in 16-byte loads), accumulated in float32. The order
+of the accumulation depends only on K and the block sizes, never on the number of rows, and
+the block sizes depend only on the weight's shape: a row's result is the same whether it is
+multiplied alone (a plain decode step) or with others (a verification step).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specdec_plugin.ops.skinny_gemm.validate import MAX_ROWS, check_skinny_gemm
+
+
+# M (the row count) is not specialised on: one compiled kernel per weight shape serves 1-16
+# rows, so a batch size first seen after start-up compiles nothing.
+@triton.jit(do_not_specialize=["M"])
+def _skinny_gemm_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    M, N, K,
+    stride_xm, stride_wn, stride_ym,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        if EVEN_K:
+            x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+            w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+        else:
+            k_mask = (k + offs_k) < K
+            x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def block_config(out_features: int, in_features: int, num_sms: int) -> tuple[int, int, int, int]:
+    """``(BLOCK_N, BLOCK_K, num_warps, num_stages)`` for a weight's shape: enough programs to
+    keep every multiprocessor streaming (at least two each), and K tiles deep enough that
+    several loads are in flight per program. A function of the shape only (see the doc)."""
+    block_n = 64
+    while block_n > 16 and triton.cdiv(out_features, block_n) < 2 * num_sms:
+        block_n //= 2
+    block_k = 256 if in_features >= 256 else max(16, triton.next_power_of_2(in_features))
+    return block_n, block_k, 4, 4
+
+
+_NUM_SMS: dict[int, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":  # Triton's interpreter (CPU tests): any count gives valid blocks
+        return 4
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _NUM_SMS:
+        _NUM_SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _NUM_SMS[index]
+
+
+def skinny_gemm(x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    check_skinny_gemm(x, weight, bias)
+    return launch(x, weight, bias, block_config(*weight.shape, _num_sms(x.device)))
+
+
+def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+           config: tuple[int, int, int, int]) -> torch.Tensor:
+    """The kernel with a given block config, on validated inputs (the benchmark sweeps it)."""
+    n, k = weight.shape
+    rows = x.reshape(-1, k)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    m = rows.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y.reshape(*x.shape[:-1], n)
+    block_n, block_k, warps, stages = config
+    _skinny_gemm_kernel[(triton.cdiv(n, block_n),)](
+        rows, weight, bias if bias is not None else weight, y,
+        m, n, k, rows.stride(0), weight.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
+        EVEN_K=k % block_k == 0, num_warps=warps, num_stages=stages)
+    return y.reshape(*x.shape[:-1], n)

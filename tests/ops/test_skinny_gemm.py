@@ -1,0 +1,115 @@
+"""Skinny GEMM (``ops/skinny_gemm``): every registered provider against the torch reference, the
+row independence the kernel promises, and the contract's edges.
+
+- Registry-driven: each provider runs on seeded random inputs (1, 3 and 16 rows, a 3-D input,
+  a strided one, a bias, K and N that are not multiples of the blocks) and must match the
+  reference within one rounding of the half-precision result; outputs start as NaN
+  (``nan_empty``), so an unwritten element fails.
+- Small shapes under Triton's interpreter on CPU in float16 only: the interpreter's bfloat16
+  ``tl.dot`` returns garbage on this host (seen 2026-12-07), so bfloat16 is left to the GPU.
+- A row's result does not depend on the other rows: alone (a plain decode step) and among 16
+  (a verification step) it is the same to the bit.
+- Contract: more than 16 rows, float32, a K that does not match or a bias of the wrong shape
+  fail with the op's name.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec_plugin.ops.contract import ContractError
+from specdec_plugin.ops.skinny_gemm import reference as gemm_ref
+from tests.ops.layers import randn, tol
+from tests.ops.providers import (device_for, every_provider, generator, kernel,
+                                 providers_to_compare, small_shape_device)
+
+FOLDER = "skinny_gemm"
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def skinny_gemm_case(gemm, device, dtype, seed, n=200, k=576):
+    """k=576 (SmolLM2's hidden size) is not a multiple of the 256-wide K tile, n=200 not of
+    any N tile: both edges are masked."""
+    g = generator(seed)
+    weight = (0.05 * randn(n, k, dtype=torch.float32, generator=g)).to(device, dtype)
+    bias = randn(n, dtype=dtype, device=device, generator=g)
+    x16 = randn(16, k, dtype=dtype, device=device, generator=g)
+    wide = randn(3, k + 8, dtype=dtype, device=device, generator=g)
+    return {"one_row": gemm(x16[:1], weight), "three_rows": gemm(x16[:3], weight, bias),
+            "sixteen_rows": gemm(x16, weight), "3d": gemm(x16[:6].reshape(2, 3, k), weight),
+            "strided": gemm(wide[:, 4: 4 + k], weight, bias)}
+
+
+CASES = {"skinny_gemm": skinny_gemm_case}
+
+
+@pytest.mark.parametrize("op,provider", providers_to_compare(FOLDER))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_provider_matches_reference(nan_empty, op, provider, dtype, seed):
+    device = device_for(provider)
+    got = CASES[op](kernel(op, provider), device, dtype, seed)
+    want = CASES[op](kernel(op, "torch"), device, dtype, seed)
+    for name in want:
+        assert got[name].shape == want[name].shape, name
+        torch.testing.assert_close(got[name], want[name], msg=name, **tol(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 14336), (32000, 4096)])
+def test_triton_model_shapes_on_gpu(n, k):
+    """The 7B benchmark model's qkv, down and LM-head shapes, bfloat16, as the engine runs them."""
+    from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
+
+    g = generator(7)
+    weight = (0.02 * randn(n, k, dtype=torch.float32, generator=g)).to("cuda", torch.bfloat16)
+    for rows in (1, 3, 5, 16):
+        x = randn(rows, k, dtype=torch.bfloat16, device="cuda", generator=g)
+        torch.testing.assert_close(gemm_triton.skinny_gemm(x, weight),
+                                   gemm_ref.skinny_gemm(x, weight), **tol(torch.bfloat16))
+
+
+@pytest.mark.parametrize("n,k", [(200, 576), (64, 256), (48, 100)])
+def test_triton_small_shapes(nan_empty, n, k):
+    from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
+
+    device = small_shape_device()
+    got = skinny_gemm_case(gemm_triton.skinny_gemm, device, torch.float16, 3, n, k)
+    want = skinny_gemm_case(gemm_ref.skinny_gemm, device, torch.float16, 3, n, k)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], msg=name, **tol(torch.float16))
+
+
+def test_triton_rows_do_not_depend_on_the_batch(nan_empty):
+    """Row i of a 16-row product equals row i multiplied alone, to the bit: a decode step and a
+    verification step compute a token's projections identically."""
+    from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
+
+    device = small_shape_device()
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    g = generator(11)
+    weight = randn(96, 320, dtype=dtype, device=device, generator=g)
+    x = randn(16, 320, dtype=dtype, device=device, generator=g)
+    together = gemm_triton.skinny_gemm(x, weight)
+    for i in (0, 5, 15):
+        assert torch.equal(gemm_triton.skinny_gemm(x[i: i + 1], weight), together[i: i + 1]), i
+    assert torch.equal(gemm_triton.skinny_gemm(x[2:5], weight), together[2:5])
+
+
+@pytest.mark.parametrize("op,provider", every_provider(FOLDER))
+def test_contract_rejects_bad_inputs(op, provider):
+    gemm = kernel(op, provider)
+    device = device_for(provider)
+    weight = randn(32, 64, dtype=torch.float16, device=device)
+    bad = {
+        "more than 16": (randn(17, 64, dtype=torch.float16, device=device), weight, None),
+        "must share one dtype": (randn(2, 64, dtype=torch.float32, device=device),
+                                 weight.float(), None),
+        "must end in K=64": (randn(2, 63, dtype=torch.float16, device=device), weight, None),
+        "bias": (randn(2, 64, dtype=torch.float16, device=device), weight,
+                 randn(31, dtype=torch.float16, device=device)),
+        "unit stride": (randn(2, 32, dtype=torch.float16, device=device), weight.t(), None),
+    }
+    for words, args in bad.items():
+        with pytest.raises(ContractError, match=f"skinny_gemm: .*{words}"):
+            gemm(*args)
