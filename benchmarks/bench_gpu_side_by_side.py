@@ -10,7 +10,7 @@ per-position acceptance at each batch size, and the ratio ours/native.
         [--methods none,draft_model,eagle,eagle3,ngram,suffix] [--batches 1,16]
         [--backends native,ours,ours-static,ours-k-padded,ours-defer,ours-nodefer,ours-async,native-async,ours-sync,
                     ours-uniform,ours-ragged,ours-suffix-async,ours-suffix-sync,ours-suffix-late,ours-suffix-early,
-                    ours-observed,ours-full-inputs,ours-slow-explore,ours-fused-kv,
+                    ours-observed,ours-full-inputs,ours-slow-explore,ours-fused-kv,ours-skinny,
                     ours-unpadded]
 
 Models:
@@ -142,6 +142,10 @@ BACKENDS = {
     # ops/paged_attention paged_attention_write_kv), every method and plain decoding.
     "ours-fused-kv": Backend("ours", "specdec_plugin, KV write fused into attention",
                              {"SPECDEC_FUSED_KV_WRITE": "1"}),
+    # Products of at most 16 token rows through our skinny GEMM instead of cuBLAS (issue 12,
+    # session 64: ops/skinny_gemm, patch P16).
+    "ours-skinny": Backend("ours", "specdec_plugin, skinny GEMM for few rows",
+                           {"SPECDEC_SKINNY_GEMM": "1"}),
     # Deeper drafts that missed retried less often (issue 12, session 62: at synthetic 3.0
     # EAGLE-3 drafted 3-4 in 21% of its batch-1 steps; adaptive/acceptance.py).
     "ours-slow-explore": Backend("ours", "specdec_plugin, untested positions fade slowly",
@@ -483,7 +487,8 @@ def main() -> None:
                              "SPECDEC_ADAPTIVE_LENGTHS=4, K every step through our scheduler; "
                              "ours-full-inputs: SPECDEC_LEAN_STEP_INPUTS=0; "
                              "ours-slow-explore: SPECDEC_ADAPTIVE_UNTESTED_DECAY=0.99; "
-                             "ours-fused-kv: SPECDEC_FUSED_KV_WRITE=1)")
+                             "ours-fused-kv: SPECDEC_FUSED_KV_WRITE=1; "
+                             "ours-skinny: SPECDEC_SKINNY_GEMM=1)")
     parser.add_argument("--jit-verbose", action="store_true",
                         help="log every kernel compile during inference (JSON: jit_events, "
                              "run_clock_windows) to tell a slow timed run's cause")

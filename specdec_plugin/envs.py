@@ -120,6 +120,10 @@
   session 63 (EAGLE-3, synthetic 3.0) at 1.00x of the separate write, no gain.
   Read when a process first selects its attention backend (vLLM keeps that choice for the
   process's later engines).
+- ``SPECDEC_SKINNY_GEMM=1``: on CUDA GPUs, products of at most 16 token rows in bfloat16 or
+  float16 (linear layers and the LM head) run our Triton skinny GEMM (ops/skinny_gemm, patch
+  P16, patches/gpu_linear.py) instead of cuBLAS. Opt-in until timed against cuBLAS in an
+  engine. Read once per worker process, before its model is built.
 - ``SPECDEC_LEAN_STEP_INPUTS=0``: build a uniform speculative step's input ids and index
   tensors with vLLM's per-step uploads, instead of strided device copies and index tensors
   kept per batch shape (worker/uniform_step_inputs.py). Default on.
@@ -366,6 +370,10 @@ def adaptive_length_gain() -> float | None:
 
 def fused_kv_write() -> bool:
     return os.environ.get("SPECDEC_FUSED_KV_WRITE", "0").strip().lower() in _TRUE
+
+
+def skinny_gemm() -> bool:
+    return os.environ.get("SPECDEC_SKINNY_GEMM", "0").strip().lower() in _TRUE
 
 
 def adaptive_untested_decay() -> float | None:

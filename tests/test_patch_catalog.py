@@ -178,6 +178,22 @@ def test_p11_cpu_linear_methods():
     assert callable(cpu_linear.apply)
 
 
+def test_p16_gpu_linear_methods():
+    from specdec_plugin.patches import gpu_linear
+
+    for relpath, cls in (("model_executor/layers/linear.py", "UnquantizedLinearMethod"),
+                         ("model_executor/layers/vocab_parallel_embedding.py",
+                          "UnquantizedEmbeddingMethod")):
+        assert _params(relpath, "apply", cls=cls) == ["self", "layer", "x", "bias"]
+        assert "return dispatch_unquantized_gemm()(layer, x, layer.weight, bias)" in \
+            _source(relpath)
+    # The platform choice P16 stands in for: none for an out-of-tree platform.
+    utils = _source("model_executor/layers/utils.py")
+    assert "def dispatch_unquantized_gemm()" in utils
+    assert "return default_unquantized_gemm" in utils
+    assert callable(gpu_linear.apply)
+
+
 def test_p12_suffix_counted_as_async_capable():
     # config/vllm.py imports the name from .speculative and reads it only in its two checks of
     # async scheduling against the method; the engine core runs __post_init__ again.

@@ -8,6 +8,16 @@ import torch
 from specdec_plugin.device.base import DeviceLayer
 
 
+def skinny_gemm_accepts(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Which linear products P16 sends to ops/skinny_gemm (the rest stay cuBLAS's): half
+    precision (float32 keeps cuBLAS's IEEE products, on which the exact-equality tests rest), a
+    weight with unit stride along K, and a bias of the same dtype or none."""
+    from specdec_plugin.ops.skinny_gemm.validate import DTYPES
+
+    return (x.dtype in DTYPES and weight.dtype == x.dtype and weight.dim() == 2
+            and weight.stride(-1) == 1 and (bias is None or bias.dtype == x.dtype))
+
+
 class CudaDevice(DeviceLayer):
     name: ClassVar[str] = "cuda"
     torch_device_type: ClassVar[str] = "cuda"

@@ -7,7 +7,8 @@ can go. tests/test_patch_catalog.py fails when one of those vLLM symbols changes
 P1-P3, P7, P9, P14 are applied in a worker process, before the model runner is built, by
 ``apply_worker_patches`` (idempotent); P4-P5 by the CPU device layer in its worker process;
 P10 by the model runner where it applies; P12 by P6 and at our platform module's import; P13 by
-our scheduler's constructor; P6, P8 and P15 from the ``vllm.general_plugins`` entry point.
+our scheduler's constructor; P6, P8 and P15 from the ``vllm.general_plugins`` entry point; P16
+by the CUDA device layer in its worker process.
 
 P1 kernel warm-up (``vllm.v1.worker.gpu_worker.kernel_warmup``)
    Why: vLLM's warm-up imports CUDA fusion modules that touch ``torch.ops._C.rotary_embedding``
@@ -192,6 +193,18 @@ P15 our draft-length counter in offline engines (``vllm.v1.engine.llm_engine.LLM
    Replaces: v1/engine/llm_engine.py:115-120 (``StatLoggerManager(custom_stat_loggers=
    stat_loggers, ...)``), against v1/engine/async_llm.py:121 (which adds the plugins).
    When it can go: when ``LLMEngine`` loads stat-logger plugins as ``AsyncLLM`` does.
+
+P16 linear layers and the LM head of a few token rows on the GPU (patches/gpu_linear.py, applied
+   by device/cuda.py ``prepare_worker_process`` with ``SPECDEC_SKINNY_GEMM=1``)
+   Why: ``dispatch_unquantized_gemm`` gives every platform but ROCm and vLLM's CPU ``F.linear``;
+   at 1-16 token rows (small-batch decode and verification) cuBLAS reads the small weights
+   well under the memory's rate, and a platform cannot choose another GEMM.
+   What: ``UnquantizedLinearMethod`` / ``UnquantizedEmbeddingMethod``'s ``apply`` wrapped: a
+   GPU input in bfloat16 / float16 goes to the custom op ``torch.ops.specdec.skinny_linear``
+   (ops/skinny_gemm for at most 16 rows, ``F.linear`` above); everything else calls vLLM's.
+   Replaces: model_executor/layers/linear.py:228 and vocab_parallel_embedding.py:75
+   (``dispatch_unquantized_gemm()(layer, x, layer.weight, bias)``; layers/utils.py:338).
+   When it can go: with P11, when ``dispatch_unquantized_gemm`` asks the platform.
 """
 from __future__ import annotations
 

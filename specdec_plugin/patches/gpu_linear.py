@@ -1,0 +1,79 @@
+"""P16: linear layers and the LM head of a few token rows through our skinny GEMM on the GPU.
+
+vLLM 0.26 sends every unquantized linear layer and the LM head through
+``dispatch_unquantized_gemm()``, which gives a platform other than ROCm and its own CPU
+``F.linear`` (cuBLAS): no hook lets a platform choose the GEMM. At batch 1 a speculative step
+multiplies 1-5 rows by each weight, and cuBLAS reads the small ones (a 7B model's qkv and o
+projections) well under the memory's rate (``ops/skinny_gemm/triton.py``). This wraps the two
+quant methods' ``apply``: a GPU input in bfloat16 or float16 whose weight the device layer
+accepts goes to the custom op ``torch.ops.specdec.skinny_linear``, which runs our kernel for
+at most ``MAX_ROWS`` rows and ``F.linear`` for more. Anything else calls vLLM's own ``apply``.
+
+Why a custom op: vLLM compiles the model with Dynamo, whose graph has a symbolic number of
+tokens. Choosing between the two GEMMs on that number in traced code would guard on it (a
+recompile per side of the threshold); inside an opaque op it is a plain integer at run time, and
+each CUDA graph captures the choice for its own size.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+_state: dict = {}
+_LIB_NAME = "specdec"
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    from specdec_plugin.ops.skinny_gemm.validate import MAX_ROWS
+
+    if x.numel() // max(1, x.shape[-1]) <= MAX_ROWS:
+        return _state["kernel"](x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def _skinny_linear_fake(x: torch.Tensor, weight: torch.Tensor,
+                        bias: torch.Tensor | None = None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _register_op(dispatch_key: str) -> None:
+    from torch.library import Library
+    from vllm.utils.torch_utils import direct_register_custom_op
+
+    # Kept in _state: the op lives as long as its library object.
+    _state["lib"] = Library(_LIB_NAME, "FRAGMENT")
+    direct_register_custom_op("skinny_linear", skinny_linear, fake_impl=_skinny_linear_fake,
+                              target_lib=_state["lib"], dispatch_key=dispatch_key)
+
+
+def _wrap_apply(cls) -> None:
+    original: Callable = cls.apply
+    accepts = _state["accepts"]
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        weight = getattr(layer, "weight", None)
+        if isinstance(weight, torch.Tensor) and not x.is_cpu and accepts(x, weight, bias):
+            return torch.ops.specdec.skinny_linear(x, weight, bias)
+        return original(self, layer, x, bias)
+
+    apply.__wrapped__ = original  # type: ignore[attr-defined]
+    cls.apply = apply
+
+
+def apply(kernel: Callable, accepts: Callable[..., bool], dispatch_key: str) -> None:
+    """Install P16 for this process (idempotent). ``kernel(x, weight, bias)`` is the skinny
+    GEMM provider; ``accepts(x, weight, bias)`` says which products go to the op (static facts
+    only, dtype and layout: it runs in traced code)."""
+    if _state:
+        return
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    _state.update(kernel=kernel, accepts=accepts)
+    _register_op(dispatch_key)
+    _wrap_apply(UnquantizedLinearMethod)
+    _wrap_apply(UnquantizedEmbeddingMethod)
