@@ -1,0 +1,51 @@
+"""Compile the skinny GEMM for an H100/H200 (sm_90) on a machine without a GPU, with Triton's
+ahead-of-time path, for the block config ``block_config`` chooses for each linear shape of the
+7B benchmark model (132 multiprocessors, an H100 SXM), and print what a test checks.
+
+Run as a script in a process of its own (``TRITON_INTERPRET=0``), as tests/ops/sm90_compile.py.
+Prints one JSON line per shape.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import re
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from specdec_plugin.ops.skinny_gemm import triton as kernels
+from specdec_plugin.ops.skinny_gemm.validate import MAX_ROWS
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+          "down": (4096, 14336), "lm_head": (32000, 4096), "smollm2_qkv": (960, 576)}
+H100_SMS = 132
+# Arguments Triton sees as multiples of 16 for these shapes (its usual specialisation).
+_ALIGNED = ("x_ptr", "w_ptr", "b_ptr", "y_ptr", "N", "K", "stride_xm", "stride_wn", "stride_ym")
+
+
+def compile_shape(name: str, n: int, k: int) -> dict:
+    fn = kernels._skinny_gemm_kernel
+    params = list(inspect.signature(fn.fn).parameters)
+    block_n, block_k, warps, stages = kernels.block_config(n, k, H100_SMS)
+    constants = dict(HAS_BIAS=False, BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
+                     EVEN_K=k % block_k == 0)
+    signature = {p: "constexpr" if p in constants else
+                 ("*bf16" if p.endswith("_ptr") else "i32") for p in params}
+    aligned = {(params.index(p),): [["tt.divisibility", 16]] for p in _ALIGNED
+               if p not in ("N", "K") or {"N": n, "K": k}[p] % 16 == 0}
+    source = ASTSource(fn=fn, signature=signature, attrs=aligned,
+                       constexprs={(params.index(c),): v for c, v in constants.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": stages})
+    ptx = compiled.asm["ptx"]
+    return {"shape": name, "config": [block_n, block_k, warps, stages],
+            "shared_bytes": compiled.metadata.shared,
+            "async_16_byte_copies": len(re.findall(r"cp\.async\.cg\.shared\.global[^\n]*16", ptx)),
+            "mma": len(re.findall(r"mma\.sync", ptx))}
+
+
+if __name__ == "__main__":
+    for name, (n, k) in SHAPES.items():
+        print(json.dumps(compile_shape(name, n, k)))

@@ -1,0 +1,76 @@
+"""P16 (patches/gpu_linear.py) without a GPU, in a process of its own (the patch wraps vLLM's
+classes and registers ``torch.ops.specdec.skinny_linear`` for the life of a process):
+
+- routing: a non-CPU input that the CUDA device layer accepts (bfloat16, here on the ``meta``
+  device, which runs the op's fake implementation) goes to the op, for linear layers and the
+  LM head alike; a CPU input, or a float32 one, still runs vLLM's own ``apply``;
+- the op under ``torch.compile`` with a dynamic number of rows (as vLLM compiles the model):
+  registered for the CPU here with the torch reference as the kernel, it gives the reference's
+  product at 1, 3 and 16 rows and ``F.linear``'s above 16, and the op's fake implementation
+  traces.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+SCRIPT = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    from specdec_plugin.device.cuda import skinny_gemm_accepts
+    from specdec_plugin.ops.skinny_gemm import reference
+    from specdec_plugin.patches import gpu_linear
+
+    original = {cls: cls.apply for cls in (UnquantizedLinearMethod, UnquantizedEmbeddingMethod)}
+    vllm_calls = []
+    for cls, fn in original.items():
+        def spy(self, layer, x, bias=None, _fn=fn):
+            vllm_calls.append(x.device.type)
+            return _fn(self, layer, x, bias)
+        cls.apply = spy
+    gpu_linear.apply(reference.skinny_gemm, skinny_gemm_accepts, "CPU")
+
+    class Layer(torch.nn.Module):
+        def __init__(self, weight):
+            super().__init__()
+            self.weight = torch.nn.Parameter(weight, requires_grad=False)
+
+    for method in (UnquantizedLinearMethod(), UnquantizedEmbeddingMethod()):
+        meta = Layer(torch.empty(48, 32, dtype=torch.bfloat16, device="meta"))
+        y = method.apply(meta, torch.empty(2, 3, 32, dtype=torch.bfloat16, device="meta"))
+        assert y.shape == (2, 3, 48) and y.device.type == "meta", y
+        assert vllm_calls == [], vllm_calls  # the op, not vLLM's apply
+        meta32 = Layer(torch.empty(48, 32, device="meta"))
+        method.apply(meta32, torch.empty(3, 32, device="meta"))
+        assert vllm_calls == ["meta"], vllm_calls  # float32 stays vLLM's
+        cpu = Layer(torch.randn(48, 32, dtype=torch.bfloat16))
+        x = torch.randn(3, 32, dtype=torch.bfloat16)
+        assert torch.equal(method.apply(cpu, x), F.linear(x, cpu.weight))
+        assert vllm_calls == ["meta", "cpu"], vllm_calls
+        vllm_calls.clear()
+
+    w = torch.randn(64, 32, dtype=torch.bfloat16)
+    b = torch.randn(64, dtype=torch.bfloat16)
+    def f(x):
+        return torch.ops.specdec.skinny_linear(torch.relu(x), w, b)
+    compiled = torch.compile(f, dynamic=True)
+    for rows in (1, 3, 16, 40):
+        x = torch.randn(rows, 32, dtype=torch.bfloat16)
+        want = (reference.skinny_gemm(torch.relu(x), w, b) if rows <= 16
+                else F.linear(torch.relu(x), w, b))
+        assert torch.equal(compiled(x), want), rows
+    print("P16 OK")
+''')
+
+
+def test_p16_routes_few_row_half_precision_products_to_the_op():
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "P16 OK" in done.stdout
