@@ -40,8 +40,10 @@ SHAPES = {  # name: (out_features N, in_features K)
     "eagle3_fc": (4096, 12288),
 }
 ROWS = (1, 2, 3, 5, 8, 16)
-CONFIGS = [(bn, bk, w, s) for bn, bk, (w, s) in itertools.product(
-    (16, 32, 64), (128, 256, 512), ((4, 3), (4, 4), (8, 4), (4, 6)))]
+# (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K): the one-pass grid, then K split in 2 or 4.
+CONFIGS = [(bn, bk, w, s, 1) for bn, bk, (w, s) in itertools.product(
+    (16, 32, 64), (128, 256, 512), ((4, 3), (4, 4), (8, 4), (4, 6)))] + [
+    (bn, 256, 4, 4, split) for bn in (16, 32, 64) for split in (2, 4)]
 MIN_BYTES = 400 * 2**20
 
 

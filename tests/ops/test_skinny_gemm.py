@@ -80,6 +80,23 @@ def test_triton_small_shapes(nan_empty, n, k):
         torch.testing.assert_close(got[name], want[name], msg=name, **tol(torch.float16))
 
 
+@pytest.mark.parametrize("split_k,k", [(2, 320), (3, 300)])
+def test_triton_split_k_matches_reference(nan_empty, split_k, k):
+    """The benchmark's split-K configs (not the default): ragged last split, bias once."""
+    from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
+
+    device = small_shape_device()
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+
+    def split(x, weight, bias=None):
+        return gemm_triton.launch(x, weight, bias, (16, 64, 4, 2, split_k))
+
+    got = skinny_gemm_case(split, device, dtype, 5, 72, k)
+    want = skinny_gemm_case(gemm_ref.skinny_gemm, device, dtype, 5, 72, k)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], msg=name, **tol(dtype))
+
+
 def test_triton_rows_do_not_depend_on_the_batch(nan_empty):
     """Row i of a 16-row product equals row i multiplied alone, to the bit: a decode step and a
     verification step compute a token's projections identically."""

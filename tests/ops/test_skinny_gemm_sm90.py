@@ -32,7 +32,7 @@ def shapes() -> dict:
 def test_every_shape_compiles_to_pipelined_tensor_core_code(shapes):
     from tests.ops.sm90_compile_skinny_gemm import SHAPES
 
-    assert set(shapes) == set(SHAPES)
+    assert set(shapes) == set(SHAPES) | {"down_split_4"}
     for name, row in shapes.items():
         assert row["async_16_byte_copies"] > 0, row
         assert row["mma"] > 0, row

@@ -7,7 +7,9 @@ device profile), two thirds of the memory's rate; they are small matrices (34-50
 tiles spread over too few programs.
 
 One program owns ``BLOCK_N`` output columns for all (at most ``BLOCK_M``) rows and walks the
-whole of K in order, so there is no split-K reduction and no second launch. The tile is a
+whole of K in order, so there is no split-K reduction and no second launch. (A config may
+split K into ``SPLIT_K`` ranges whose float32 partial sums a second kernel adds in a fixed
+order; the benchmark sweeps it, the default config does not use it.) The tile is a
 ``tl.dot`` of the padded rows ``[BLOCK_M, BLOCK_K]`` with ``[BLOCK_K, BLOCK_N]`` of the weight
 (read along K, its contiguous dimension, in 16-byte loads), accumulated in float32. The order
 of the accumulation depends only on K and the block sizes, never on the number of rows, and
@@ -27,48 +29,72 @@ from specdec_plugin.ops.skinny_gemm.validate import MAX_ROWS, check_skinny_gemm
 # rows, so a batch size first seen after start-up compiles nothing.
 @triton.jit(do_not_specialize=["M"])
 def _skinny_gemm_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr,
-    M, N, K,
+    x_ptr, w_ptr, b_ptr, y_ptr, part_ptr,
+    M, N, K, k_per_split,
     stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
+    k_start = tl.program_id(1) * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
     n_mask = offs_n < N
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
-    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_start + offs_k)[None, :]
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + (k_start + offs_k)[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
+    for k in range(k_start, k_end, BLOCK_K):
         if EVEN_K:
             x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
             w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
         else:
-            k_mask = (k + offs_k) < K
+            k_mask = (k + offs_k) < k_end
             x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         acc = tl.dot(x, tl.trans(w), acc)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    out_mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+    else:  # this split's float32 partial sums, [SPLIT_K, M, N], summed by _sum_splits_kernel
+        part = part_ptr + (tl.program_id(1) * M + offs_m[:, None]) * N + offs_n[None, :]
+        tl.store(part, acc, mask=out_mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _sum_splits_kernel(part_ptr, b_ptr, y_ptr, M, N, stride_ym,
+                       HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """The split-K partial sums of one row, added in split order (deterministic), + bias."""
+    row = tl.program_id(1)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for split in tl.static_range(SPLIT_K):
+        acc += tl.load(part_ptr + (split * M + row) * N + offs, mask=mask, other=0.0)
     if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+        acc += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_ym + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def block_config(out_features: int, in_features: int, num_sms: int) -> tuple[int, int, int, int]:
-    """``(BLOCK_N, BLOCK_K, num_warps, num_stages)`` for a weight's shape: enough programs to
-    keep every multiprocessor streaming (at least two each), and K tiles deep enough that
-    several loads are in flight per program. A function of the shape only (see the doc)."""
+def block_config(out_features: int, in_features: int,
+                 num_sms: int) -> tuple[int, int, int, int, int]:
+    """``(BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K)`` for a weight's shape: enough
+    programs to keep every multiprocessor streaming (at least two each), and K tiles deep
+    enough that several loads are in flight per program. A function of the shape only (see
+    the doc). No split of K yet: the benchmark's sweep tells whether any shape needs one."""
     block_n = 64
     while block_n > 16 and triton.cdiv(out_features, block_n) < 2 * num_sms:
         block_n //= 2
     block_k = 256 if in_features >= 256 else max(16, triton.next_power_of_2(in_features))
-    return block_n, block_k, 4, 4
+    return block_n, block_k, 4, 4, 1
 
 
 _NUM_SMS: dict[int, int] = {}
@@ -90,7 +116,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor,
 
 
 def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           config: tuple[int, int, int, int]) -> torch.Tensor:
+           config: tuple[int, int, int, int, int]) -> torch.Tensor:
     """The kernel with a given block config, on validated inputs (the benchmark sweeps it)."""
     n, k = weight.shape
     rows = x.reshape(-1, k)
@@ -100,10 +126,20 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y.reshape(*x.shape[:-1], n)
-    block_n, block_k, warps, stages = config
-    _skinny_gemm_kernel[(triton.cdiv(n, block_n),)](
-        rows, weight, bias if bias is not None else weight, y,
-        m, n, k, rows.stride(0), weight.stride(0), y.stride(0),
+    block_n, block_k, warps, stages, split_k = config
+    # Each split a whole number of K tiles, so only the last one can be ragged.
+    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    split_k = triton.cdiv(k, k_per_split)
+    part = (torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+            if split_k > 1 else y)
+    bias_arg = bias if bias is not None else weight
+    _skinny_gemm_kernel[(triton.cdiv(n, block_n), split_k)](
+        rows, weight, bias_arg, y, part,
+        m, n, k, k_per_split, rows.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_K=k % block_k == 0, num_warps=warps, num_stages=stages)
+        EVEN_K=k % block_k == 0, SPLIT_K=split_k, num_warps=warps, num_stages=stages)
+    if split_k > 1:
+        _sum_splits_kernel[(triton.cdiv(n, 1024), m)](
+            part, bias_arg, y, m, n, y.stride(0), HAS_BIAS=bias is not None,
+            SPLIT_K=split_k, BLOCK=1024, num_warps=4)
     return y.reshape(*x.shape[:-1], n)
