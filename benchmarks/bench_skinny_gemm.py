@@ -11,7 +11,8 @@ weight's bytes only.
     python3 benchmarks/bench_skinny_gemm.py [--sweep] [--out DIR]
 
 ``--sweep`` first times every block config of ``CONFIGS`` at 3 rows and prints the best per
-shape; without it only the config that ``block_config`` chooses is timed. Prints, per shape
+shape, then times that one at every row count beside the chosen one; without it only the
+config that ``block_config`` chooses is timed. Prints, per shape
 and row count, cuBLAS's and our time and ours / cuBLAS; writes ``skinny_gemm.json`` to
 ``--out``.
 """
@@ -89,6 +90,7 @@ def main() -> None:
                    for _ in range(copies)]
         entry = result["shapes"][name] = {"N": n, "K": k, "rows": {}}
         chosen = ours.block_config(n, k, sms)
+        best = None
         if args.sweep:
             x = torch.randn(3, k, device=dev, dtype=torch.bfloat16)
             swept = []
@@ -100,6 +102,7 @@ def main() -> None:
                     continue
                 swept.append((t, cfg))
             swept.sort()
+            best = swept[0][1] if swept else None
             base = time_graph(lambda i: F.linear(x, weights[i]), copies)
             entry["sweep_3_rows"] = [{"config": list(c), "us": t * 1e6} for t, c in swept]
             print(f"{name} 3 rows: cuBLAS {base * 1e6:.1f} us; best " + ", ".join(
@@ -114,6 +117,11 @@ def main() -> None:
                                 "ours_over_cublas": t_ours / t_blas, "max_abs_err": err,
                                 "cublas_tb_s": nbytes / t_blas / 1e12,
                                 "ours_tb_s": nbytes / t_ours / 1e12}
+            if best is not None and best != chosen:  # the 3-row winner at this row count
+                t_best = time_graph(lambda i: ours.launch(x, weights[i], None, best), copies)
+                entry["rows"][m].update(best_config=list(best), best_us=t_best * 1e6)
+                print(f"{'':9s} best swept config {best}: {t_best * 1e6:7.1f} us, "
+                      f"/cuBLAS {t_best / t_blas:.3f}")
             print(f"{name:9s} N={n:5d} K={k:5d} rows={m:2d}: cuBLAS {t_blas * 1e6:7.1f} us "
                   f"({nbytes / t_blas / 1e12:.2f} TB/s), ours {t_ours * 1e6:7.1f} us "
                   f"({nbytes / t_ours / 1e12:.2f} TB/s), ours/cuBLAS {t_ours / t_blas:.3f}, "
