@@ -74,3 +74,25 @@ def test_p16_routes_few_row_half_precision_products_to_the_op():
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "P16 OK" in done.stdout
+
+
+def test_cuda_device_installs_p16_only_when_asked(monkeypatch):
+    """SPECDEC_SKINNY_GEMM=1 installs P16 with the Triton provider and the CUDA accept rule;
+    unset (the default) or under vLLM's batch-invariant mode, nothing is installed."""
+    from specdec_plugin.device.cuda import CudaDevice, skinny_gemm_accepts
+    from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
+    from specdec_plugin.patches import gpu_linear
+
+    calls = []
+    monkeypatch.setattr(gpu_linear, "apply", lambda *args: calls.append(args))
+    for skinny, invariant, installed in (("", "0", False), ("1", "0", True), ("1", "1", False),
+                                         ("0", "0", False)):
+        monkeypatch.setenv("SPECDEC_SKINNY_GEMM", skinny)
+        monkeypatch.setenv("VLLM_BATCH_INVARIANT", invariant)
+        calls.clear()
+        CudaDevice().prepare_worker_process()
+        assert bool(calls) == installed, (skinny, invariant)
+        if installed:
+            kernel, accepts, key = calls[0]
+            assert kernel is gemm_triton.skinny_gemm and accepts is skinny_gemm_accepts
+            assert key == "CUDA"

@@ -152,6 +152,21 @@ class CudaDevice(DeviceLayer):
     def worker_device(self, local_rank: int) -> torch.device:
         return torch.device(f"cuda:{local_rank}")
 
+    def prepare_worker_process(self, workers_on_host: int = 1) -> None:
+        # P16 (patches/gpu_linear.py), opt-in: products of a few token rows through our skinny
+        # GEMM. Never under vLLM's batch-invariant mode, which brings its own GEMM for every
+        # size.
+        from vllm import envs as vllm_envs
+
+        from specdec_plugin import envs
+        if not envs.skinny_gemm() or vllm_envs.VLLM_BATCH_INVARIANT:
+            return
+        from specdec_plugin.ops.registry import get_kernel
+        from specdec_plugin.patches import gpu_linear
+
+        gpu_linear.apply(get_kernel("skinny_gemm", self.kernel_providers),
+                         skinny_gemm_accepts, self.dispatch_key)
+
     def measures_memory(self) -> bool:
         return True
 
