@@ -46,6 +46,9 @@ import torch
 import triton
 import triton.language as tl
 
+# Module names of their own: the tests replace them here to plan splits for an H100 on a CPU.
+from specdec_plugin.ops.gpu_props import cuda_index as _device_index
+from specdec_plugin.ops.gpu_props import sm_count as _sm_count
 from specdec_plugin.ops.paged_attention.triton_kv_write import _write_new_kv
 from specdec_plugin.ops.paged_attention.validate import check_paged_attention, check_write_kv
 
@@ -275,18 +278,6 @@ def _workspace(numel: int, device: torch.device) -> torch.Tensor | None:
                      dtype=torch.float32, device=device)
     _workspaces[device] = ws
     return ws[:numel]
-
-
-def _device_index(device: torch.device) -> int | None:
-    """The CUDA device ordinal of ``device`` (None off CUDA: no split planning there)."""
-    if device.type != "cuda":
-        return None
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _tile_shape(max_query_len: int, group: int, head_pad: int, dtype: torch.dtype):

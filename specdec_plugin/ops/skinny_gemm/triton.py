@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec_plugin.ops.gpu_props import cuda_index, sm_count
 from specdec_plugin.ops.skinny_gemm.validate import MAX_ROWS, check_skinny_gemm
 
 
@@ -97,16 +98,10 @@ def block_config(out_features: int, in_features: int,
     return block_n, block_k, 4, 4, 1
 
 
-_NUM_SMS: dict[int, int] = {}
-
-
 def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":  # Triton's interpreter (CPU tests): any count gives valid blocks
-        return 4
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _NUM_SMS:
-        _NUM_SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _NUM_SMS[index]
+    index = cuda_index(device)
+    # Triton's interpreter (CPU tests): any count gives valid blocks.
+    return 4 if index is None else sm_count(index)
 
 
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor,
