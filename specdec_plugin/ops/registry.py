@@ -103,15 +103,15 @@ KERNELS: dict[str, dict[str, str]] = {
         "torch": f"{_OPS}.drafter_pad.reference:pad_drafter_batch",
         "triton": f"{_OPS}.drafter_pad.triton:pad_drafter_batch",
     },
-    # linear layers and the LM head on the CPU (patches/cpu_linear.py): the weight packed once
-    # at load by pack_linear_weight, then linear every step, both from one provider (the
-    # packed weight names it). cpp: bfloat16/float32 weights widened to float32, row invariant;
-    # torch_widened: its reference (ops/linear/widened_reference.py)
     # a few token rows times a whole weight on the GPU (patches/gpu_linear.py, issue 12)
     "skinny_gemm": {
         "torch": f"{_OPS}.skinny_gemm.reference:skinny_gemm",
         "triton": f"{_OPS}.skinny_gemm.triton:skinny_gemm",
     },
+    # linear layers and the LM head on the CPU (patches/cpu_linear.py): the weight packed once
+    # at load by pack_linear_weight, then linear every step, both from one provider (the
+    # packed weight names it). cpp: bfloat16/float32 weights widened to float32, row invariant;
+    # torch_widened: its reference (ops/linear/widened_reference.py)
     "pack_linear_weight": {
         "torch": f"{_OPS}.linear.reference:pack_linear_weight",
         "onednn": f"{_OPS}.linear.onednn:pack_linear_weight",

@@ -21,14 +21,14 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from specdec_plugin.ops.skinny_gemm.validate import MAX_ROWS
+
 _state: dict = {}
 _LIB_NAME = "specdec"
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
-    from specdec_plugin.ops.skinny_gemm.validate import MAX_ROWS
-
     if x.numel() // max(1, x.shape[-1]) <= MAX_ROWS:
         return _state["kernel"](x, weight, bias)
     return F.linear(x, weight, bias)
