@@ -14,7 +14,11 @@ weight's bytes only.
 shape, then times that one at every row count beside the chosen one; without it only the
 config that ``block_config`` chooses is timed. Prints, per shape
 and row count, cuBLAS's and our time and ours / cuBLAS; writes ``skinny_gemm.json`` to
-``--out``.
+``--out`` after every shape (a call cut short keeps what was measured).
+
+``--wide`` then probes what the op does not accept yet: ``WIDE_ROWS`` rows (a batch-16 step
+verifies 80) with a wider tile (``BLOCK_M`` 64 or 128) over ``WIDE_CONFIGS``, best against
+cuBLAS, to tell whether batch 16 could gain too.
 """
 from __future__ import annotations
 
@@ -45,6 +49,9 @@ ROWS = (1, 2, 3, 5, 8, 16)
 CONFIGS = [(bn, bk, w, s, 1) for bn, bk, (w, s) in itertools.product(
     (16, 32, 64), (128, 256, 512), ((4, 3), (4, 4), (8, 4), (4, 6)))] + [
     (bn, 256, 4, 4, split) for bn in (16, 32, 64) for split in (2, 4)]
+WIDE_ROWS = (40, 80)
+WIDE_CONFIGS = [(bn, bk, w, s, 1) for bn, bk, (w, s) in itertools.product(
+    (32, 64, 128), (64, 128), ((4, 3), (4, 4), (8, 3)))]
 MIN_BYTES = 400 * 2**20
 
 
@@ -77,8 +84,11 @@ def time_graph(fn, copies: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--wide", action="store_true")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     print(f"# {torch.cuda.get_device_name(dev)}, {sms} SMs, torch {torch.__version__}")
@@ -126,10 +136,42 @@ def main() -> None:
                   f"({nbytes / t_blas / 1e12:.2f} TB/s), ours {t_ours * 1e6:7.1f} us "
                   f"({nbytes / t_ours / 1e12:.2f} TB/s), ours/cuBLAS {t_ours / t_blas:.3f}, "
                   f"max err {err:.2e}")
+        if args.wide:
+            entry["wide"] = probe_wide(name, weights, copies)
         del weights
         torch.cuda.empty_cache()
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "skinny_gemm.json").write_text(json.dumps(result, indent=1))
+        (out / "skinny_gemm.json").write_text(json.dumps(result, indent=1))
+
+
+def probe_wide(name: str, weights: list[torch.Tensor], copies: int) -> dict:
+    """cuBLAS against the best of ``WIDE_CONFIGS`` at each of ``WIDE_ROWS`` rows."""
+    n, k = weights[0].shape
+    found = {}
+    for m in WIDE_ROWS:
+        block_m = max(16, 1 << (m - 1).bit_length())
+        x = torch.randn(m, k, device=weights[0].device, dtype=torch.bfloat16)
+        swept = []
+        for cfg in WIDE_CONFIGS:
+            try:
+                t = time_graph(lambda i: ours.launch(x, weights[i], None, cfg, block_m), copies)
+            except Exception as exc:  # e.g. out of shared memory
+                print(f"{name} wide {m} {cfg}: {type(exc).__name__}")
+                continue
+            swept.append((t, cfg))
+        swept.sort()
+        t_blas = time_graph(lambda i: F.linear(x, weights[i]), copies)
+        err = None
+        if swept:
+            got = ours.launch(x, weights[0], None, swept[0][1], block_m).float()
+            # The reference's own formula: it refuses more than 16 rows, as the op does.
+            err = (got - F.linear(x.float(), weights[0].float())).abs().max().item()
+        found[m] = {"cublas_us": t_blas * 1e6, "block_m": block_m, "max_abs_err": err,
+                    "best": [{"config": list(c), "us": t * 1e6} for t, c in swept[:4]]}
+        best = f"{swept[0][1]} {swept[0][0] * 1e6:.1f} us, /cuBLAS {swept[0][0] / t_blas:.3f}" \
+            if swept else "none ran"
+        print(f"{name:9s} wide rows={m}: cuBLAS {t_blas * 1e6:7.1f} us "
+              f"({n * k * 2 / t_blas / 1e12:.2f} TB/s); ours best {best}; max err {err}")
+    return found
 
 
 if __name__ == "__main__":

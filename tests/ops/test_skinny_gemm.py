@@ -97,6 +97,23 @@ def test_triton_split_k_matches_reference(nan_empty, split_k, k):
         torch.testing.assert_close(got[name], want[name], msg=name, **tol(dtype))
 
 
+def test_triton_wide_tile_matches_float32_product(nan_empty):
+    """The benchmark's wide-tile probe (``launch(..., block_m=64)``, 40 rows, more than the op
+    accepts) computes the same product: its timings are of a correct kernel."""
+    from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
+
+    device = small_shape_device()
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    g = generator(7)
+    weight = (0.05 * randn(72, 200, dtype=torch.float32, generator=g)).to(device, dtype)
+    x = randn(40, 200, dtype=dtype, device=device, generator=g)
+    got = gemm_triton.launch(x, weight, None, (32, 64, 4, 2, 1), block_m=64)
+    want = torch.nn.functional.linear(x.float(), weight.float()).to(dtype)
+    torch.testing.assert_close(got, want, **tol(dtype))
+    with pytest.raises(AssertionError, match="block_m"):
+        gemm_triton.launch(x, weight, None, (32, 64, 4, 2, 1), block_m=32)
+
+
 def test_triton_rows_do_not_depend_on_the_batch(nan_empty):
     """Row i of a 16-row product equals row i multiplied alone, to the bit: a decode step and a
     verification step compute a token's projections identically."""

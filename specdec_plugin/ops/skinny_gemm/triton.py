@@ -111,13 +111,17 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor,
 
 
 def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           config: tuple[int, int, int, int, int]) -> torch.Tensor:
-    """The kernel with a given block config, on validated inputs (the benchmark sweeps it)."""
+           config: tuple[int, int, int, int, int], block_m: int = MAX_ROWS) -> torch.Tensor:
+    """The kernel with a given block config, on validated inputs (the benchmark sweeps it).
+    ``block_m`` (a power of two, at least the row count) lets the benchmark probe more rows
+    than the op accepts (a batch-16 verification has 80): whether a wider tile would beat
+    cuBLAS there too."""
     n, k = weight.shape
     rows = x.reshape(-1, k)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     m = rows.shape[0]
+    assert m <= block_m, f"{m} rows need block_m >= {m}"
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y.reshape(*x.shape[:-1], n)
@@ -131,7 +135,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     _skinny_gemm_kernel[(triton.cdiv(n, block_n), split_k)](
         rows, weight, bias_arg, y, part,
         m, n, k, k_per_split, rows.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         EVEN_K=k % block_k == 0, SPLIT_K=split_k, num_warps=warps, num_stages=stages)
     if split_k > 1:
         _sum_splits_kernel[(triton.cdiv(n, 1024), m)](
