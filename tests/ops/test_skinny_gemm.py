@@ -9,6 +9,8 @@ row independence the kernel promises, and the contract's edges.
   ``tl.dot`` returns garbage on this host (seen 2026-12-07), so bfloat16 is left to the GPU.
 - A row's result does not depend on the other rows: alone (a plain decode step) and among 16
   (a verification step) it is the same to the bit.
+- Every input layout reaches the kernel as one layout (aligned, row stride K), so a layout
+  first seen while serving compiles no new variant (gpu: Triton's kernel cache does not grow).
 - Contract: more than 16 rows, float32, a K that does not match or a bias of the wrong shape
   fail with the op's name.
 """
@@ -128,6 +130,55 @@ def test_triton_rows_do_not_depend_on_the_batch(nan_empty):
     for i in (0, 5, 15):
         assert torch.equal(gemm_triton.skinny_gemm(x[i: i + 1], weight), together[i: i + 1]), i
     assert torch.equal(gemm_triton.skinny_gemm(x[2:5], weight), together[2:5])
+
+
+def test_every_input_layout_reaches_the_kernel_in_one_layout():
+    """``canonical_rows``: whatever the input's strides and offset, the kernel sees rows that
+    are 16-byte aligned with unit stride along K and row stride K (a single row's stride is
+    never read), the values unchanged; the usual layout is passed through without a copy.
+    Triton compiles a variant per alignment and stride class, so this is what keeps a layout
+    first seen while serving from compiling mid-request."""
+    from specdec_plugin.ops.skinny_gemm.triton import canonical_rows
+
+    k = 96
+    g = generator(13)
+    base = randn(8 * (k + 8) + 64, dtype=torch.bfloat16, generator=g)
+    fresh = randn(3, k, dtype=torch.bfloat16, generator=g)
+    layouts = {
+        "fresh": fresh,
+        "3-d": randn(2, 3, k, dtype=torch.bfloat16, generator=g),
+        "column slice": base[: 3 * (k + 8)].view(3, k + 8)[:, 4: 4 + k],
+        "transposed": randn(k, 3, dtype=torch.bfloat16, generator=g).t(),
+        "odd offset": base[1: 1 + 2 * k].view(2, k),
+        "one row, odd offset": base[3: 3 + k].view(1, k),
+        "one row, odd stride": base.as_strided((1, k), (7, 1)),
+    }
+    for name, x in layouts.items():
+        rows = canonical_rows(x, k)
+        assert torch.equal(rows, x.reshape(-1, k)), name
+        assert rows.stride(-1) == 1 and rows.data_ptr() % 16 == 0, name
+        assert rows.shape[0] == 1 or rows.stride(0) == k, name
+    assert canonical_rows(fresh, k).data_ptr() == fresh.data_ptr()  # no copy
+
+
+@pytest.mark.gpu
+def test_one_compiled_variant_serves_every_layout():
+    """On the GPU: after the first product with a weight, inputs of other layouts and row
+    counts compile nothing more (Triton's per-device kernel cache does not grow)."""
+    from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
+
+    g = generator(17)
+    k = 576
+    weight = (0.05 * randn(960, k, dtype=torch.float32, generator=g)).to("cuda", torch.bfloat16)
+    base = randn(16 * (k + 8) + 64, dtype=torch.bfloat16, device="cuda", generator=g)
+    gemm_triton.skinny_gemm(base[: 5 * k].view(5, k), weight)
+    cache = gemm_triton._skinny_gemm_kernel.device_caches[torch.cuda.current_device()][0]
+    compiled = len(cache)
+    for x in (base[: k].view(1, k), base[3: 3 + k].view(1, k), base.as_strided((1, k), (1, 1)),
+              base[: 16 * (k + 8)].view(16, k + 8)[:, 4: 4 + k], base[1: 1 + 2 * k].view(2, k)):
+        torch.testing.assert_close(gemm_triton.skinny_gemm(x, weight),
+                                   gemm_ref.skinny_gemm(x, weight), **tol(torch.bfloat16))
+    assert len(cache) == compiled
 
 
 @pytest.mark.parametrize("op,provider", every_provider(FOLDER))

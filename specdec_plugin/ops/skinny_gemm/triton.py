@@ -110,6 +110,22 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor,
     return launch(x, weight, bias, block_config(*weight.shape, _num_sms(x.device)))
 
 
+def canonical_rows(x: torch.Tensor, k: int) -> torch.Tensor:
+    """``x`` as ``[M, K]`` rows laid out as a fresh contiguous tensor is (16-byte aligned,
+    row stride K): the kernel is passed K as the row stride.
+
+    Why: one compiled variant per weight, whatever the input's layout. Triton specialises
+    integer arguments on equalling 1 or being multiples of 16, and pointers on 16-byte
+    alignment, so a row stride or an offset seen only while serving would compile a new
+    variant mid-request (a late compile was seen on the H100, 2026-12-07). Other layouts are
+    copied; a single row's stride is never read, so it is passed as K."""
+    rows = x.reshape(-1, k)
+    m = rows.shape[0]
+    if rows.stride(-1) != 1 or rows.data_ptr() % 16 or (m > 1 and rows.stride(0) != k):
+        rows = rows.clone(memory_format=torch.contiguous_format)
+    return rows
+
+
 def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
            config: tuple[int, int, int, int, int], block_m: int = MAX_ROWS) -> torch.Tensor:
     """The kernel with a given block config, on validated inputs (the benchmark sweeps it).
@@ -117,9 +133,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     than the op accepts (a batch-16 verification has 80): whether a wider tile would beat
     cuBLAS there too."""
     n, k = weight.shape
-    rows = x.reshape(-1, k)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = canonical_rows(x, k)
     m = rows.shape[0]
     assert m <= block_m, f"{m} rows need block_m >= {m}"
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -134,7 +148,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     bias_arg = bias if bias is not None else weight
     _skinny_gemm_kernel[(triton.cdiv(n, block_n), split_k)](
         rows, weight, bias_arg, y, part,
-        m, n, k, k_per_split, rows.stride(0), weight.stride(0), y.stride(0),
+        m, n, k, k_per_split, k, weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         EVEN_K=k % block_k == 0, SPLIT_K=split_k, num_warps=warps, num_stages=stages)
     if split_k > 1:
