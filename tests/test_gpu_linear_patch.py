@@ -7,7 +7,9 @@ classes and registers ``torch.ops.specdec.skinny_linear`` for the life of a proc
 - the op under ``torch.compile`` with a dynamic number of rows (as vLLM compiles the model):
   registered for the CPU here with the torch reference as the kernel, it gives the reference's
   product at 1, 3 and 16 rows and ``F.linear``'s above 16, and the op's fake implementation
-  traces.
+  traces;
+- ``compile_variants`` (engine start): one launch on one row per distinct weight shape and bias
+  among the modules whose product the patch routes, none for float32, CPU or other modules.
 """
 from __future__ import annotations
 
@@ -33,7 +35,11 @@ SCRIPT = textwrap.dedent('''
             vllm_calls.append(x.device.type)
             return _fn(self, layer, x, bias)
         cls.apply = spy
-    gpu_linear.apply(reference.skinny_gemm, skinny_gemm_accepts, "CPU")
+    launched = []
+    def kernel(x, weight, bias=None):
+        launched.append((tuple(x.shape), tuple(weight.shape), bias is not None))
+        return reference.skinny_gemm(x, weight, bias)
+    gpu_linear.apply(kernel, skinny_gemm_accepts, "CPU")
 
     class Layer(torch.nn.Module):
         def __init__(self, weight):
@@ -53,6 +59,23 @@ SCRIPT = textwrap.dedent('''
         assert torch.equal(method.apply(cpu, x), F.linear(x, cpu.weight))
         assert vllm_calls == ["meta", "cpu"], vllm_calls
         vllm_calls.clear()
+
+    # compile_variants: one launch per distinct product the patch routes to the kernel.
+    def module(method, n, k, dtype=torch.bfloat16, device="meta", bias=False, skip=False):
+        layer = Layer(torch.empty(n, k, dtype=dtype, device=device))
+        layer.quant_method, layer.skip_bias_add = method, skip
+        layer.bias = torch.nn.Parameter(torch.empty(n, dtype=dtype, device=device),
+                                        requires_grad=False) if bias else None
+        return layer
+    linear, head = UnquantizedLinearMethod(), UnquantizedEmbeddingMethod()
+    modules = [module(linear, 48, 32), module(linear, 48, 32), module(linear, 64, 32, bias=True),
+               module(linear, 80, 32, bias=True, skip=True), module(head, 100, 32),
+               module(linear, 48, 32, dtype=torch.float32), module(linear, 48, 32, device="cpu"),
+               torch.nn.Linear(32, 16)]
+    launched.clear()
+    assert gpu_linear.compile_variants(modules) == 4
+    assert launched == [((1, 32), (48, 32), False), ((1, 32), (64, 32), True),
+                        ((1, 32), (80, 32), False), ((1, 32), (100, 32), False)], launched
 
     w = torch.randn(64, 32, dtype=torch.bfloat16)
     b = torch.randn(64, dtype=torch.bfloat16)

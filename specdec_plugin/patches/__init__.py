@@ -202,6 +202,7 @@ P16 linear layers and the LM head of a few token rows on the GPU (patches/gpu_li
    What: ``UnquantizedLinearMethod`` / ``UnquantizedEmbeddingMethod``'s ``apply`` wrapped: a
    GPU input in bfloat16 / float16 goes to the custom op ``torch.ops.specdec.skinny_linear``
    (ops/skinny_gemm for at most 16 rows, ``F.linear`` above); everything else calls vLLM's.
+   Each weight shape's kernel compiles at engine start (worker/kernel_warmup.py).
    Replaces: model_executor/layers/linear.py:228 and vocab_parallel_embedding.py:75
    (``dispatch_unquantized_gemm()(layer, x, layer.weight, bias)``; layers/utils.py:338).
    When it can go: with P11, when ``dispatch_unquantized_gemm`` asks the platform.

@@ -13,6 +13,11 @@ Why a custom op: vLLM compiles the model with Dynamo, whose graph has a symbolic
 tokens. Choosing between the two GEMMs on that number in traced code would guard on it (a
 recompile per side of the threshold); inside an opaque op it is a plain integer at run time, and
 each CUDA graph captures the choice for its own size.
+
+``compile_variants`` launches the kernel once per weight shape of the loaded models at engine
+start (worker/kernel_warmup.py): a product that start-up never ran (seen on the H100,
+2026-12-07: a SmolLM2 EAGLE-3 engine compiled ``_skinny_gemm_kernel`` while serving) would
+otherwise compile in the middle of a request.
 """
 from __future__ import annotations
 
@@ -64,16 +69,47 @@ def _wrap_apply(cls) -> None:
     cls.apply = apply
 
 
+def compile_variants(modules) -> int:
+    """Run the kernel once on one random row for each distinct (weight shape, dtype, bias)
+    among ``modules`` whose product P16 sends to it; returns how many. Nothing when P16 is not
+    installed. One row is enough: the kernel does not specialise on the row count, and
+    ``ops/skinny_gemm/triton.py`` gives every input layout the same compiled variant."""
+    if not _state:
+        return 0
+    wrapped = _wrapped_classes()
+    seen = set()
+    for module in modules:
+        weight = getattr(module, "weight", None)
+        if not isinstance(getattr(module, "quant_method", None), wrapped) \
+                or not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            continue
+        bias = getattr(module, "bias", None)
+        if not isinstance(bias, torch.Tensor) or getattr(module, "skip_bias_add", False):
+            bias = None
+        x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        key = (tuple(weight.shape), weight.stride(0), weight.data_ptr() % 16, weight.dtype,
+               weight.device, bias is not None)
+        if key in seen or x.is_cpu or not _state["accepts"](x, weight, bias):
+            continue
+        seen.add(key)
+        _state["kernel"](x, weight, bias)
+    return len(seen)
+
+
+def _wrapped_classes() -> tuple[type, ...]:
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    return UnquantizedLinearMethod, UnquantizedEmbeddingMethod
+
+
 def apply(kernel: Callable, accepts: Callable[..., bool], dispatch_key: str) -> None:
     """Install P16 for this process (idempotent). ``kernel(x, weight, bias)`` is the skinny
     GEMM provider; ``accepts(x, weight, bias)`` says which products go to the op (static facts
     only, dtype and layout: it runs in traced code)."""
     if _state:
         return
-    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-
     _state.update(kernel=kernel, accepts=accepts)
     _register_op(dispatch_key)
-    _wrap_apply(UnquantizedLinearMethod)
-    _wrap_apply(UnquantizedEmbeddingMethod)
+    for cls in _wrapped_classes():
+        _wrap_apply(cls)

@@ -1,5 +1,6 @@
 """Compile at engine start the kernel variants that serving launches: attention's
-(``compile_attention_variants``) and the speculative step's (``compile_spec_decode_kernels``).
+(``compile_attention_variants``), the speculative step's (``compile_spec_decode_kernels``) and
+the skinny GEMM's when patch P16 is on (``compile_linear_variants``).
 
 A Triton kernel compiles once per set of constexpr values, and a compile in the middle of
 serving stalls that step for a second or more. Our paged attention kernel
@@ -185,3 +186,18 @@ def _launch_eagle_step(runner, providers, device) -> None:
         torch.empty(1, dtype=torch.int64, device=device),
         torch.empty(1, dtype=torch.int64, device=device),
         block_size, int(runner.model_config.max_model_len), 1, 1)
+
+
+def compile_linear_variants(runner) -> list[str]:
+    """P16's skinny GEMM once per weight shape of the target and of the drafter, when the
+    patch is installed (``SPECDEC_SKINNY_GEMM=1``); returns what was launched. Graph capture
+    runs only the products of the sizes it records; one the start-up never reached (a
+    drafter's LM head outside its graphs, say) would compile at its first request."""
+    from specdec_plugin.patches import gpu_linear
+
+    modules = list(runner.get_model().modules())
+    drafter_model = runner.get_draft_model() if hasattr(runner, "get_draft_model") else None
+    if isinstance(drafter_model, torch.nn.Module):
+        modules += list(drafter_model.modules())
+    shapes = gpu_linear.compile_variants(modules)
+    return [f"skinny_gemm ({shapes} weight shapes)"] if shapes else []

@@ -25,6 +25,7 @@ from specdec_plugin.spec_decode.runner_drafters import install_drafter
 from specdec_plugin.worker.compiled_helpers import compile_logprob_ranks
 from specdec_plugin.worker.kernel_warmup import (
     compile_attention_variants,
+    compile_linear_variants,
     compile_spec_decode_kernels,
 )
 from specdec_plugin.worker.memory_accounting import reserve_attention_workspaces
@@ -98,6 +99,8 @@ class SpecDecModelRunner(PlainStepBookkeepingMixin, AdaptiveGraphsMixin, SuffixA
             _compile_at_start("speculative kernels launched",
                               lambda: compile_spec_decode_kernels(self),
                               "they compile at the first request instead")
+            _compile_at_start("linear kernels launched", lambda: compile_linear_variants(self),
+                              "a linear shape compiles at its first product instead")
             _compile_at_start("vLLM's torch.compile'd helpers compiled",
                               lambda: compile_logprob_ranks(self.device,
                                                             self.model_config.get_vocab_size()),
