@@ -87,15 +87,18 @@ def _sum_splits_kernel(part_ptr, b_ptr, y_ptr, M, N, stride_ym,
 
 def block_config(out_features: int, in_features: int,
                  num_sms: int) -> tuple[int, int, int, int, int]:
-    """``(BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K)`` for a weight's shape: enough
-    programs to keep every multiprocessor streaming (at least two each), and K tiles deep
-    enough that several loads are in flight per program. A function of the shape only (see
-    the doc). No split of K yet: the benchmark's sweep tells whether any shape needs one."""
-    block_n = 64
-    while block_n > 16 and triton.cdiv(out_features, block_n) < 2 * num_sms:
-        block_n //= 2
-    block_k = 256 if in_features >= 256 else max(16, triton.next_power_of_2(in_features))
-    return block_n, block_k, 4, 4, 1
+    """``(BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K)`` for a weight's shape only (see
+    the doc), from the H100 sweep of session 65 (benchmarks/bench_skinny_gemm.py --sweep: 42
+    configs on the six 7B shapes, 3 rows). 32 columns and 128-wide K tiles per program won
+    or came within 2.2% of the winner on every shape. The pipeline depth is what depends on
+    the shape: 6 stages where the grid is about one wave (4,096-6,144 columns: qkv, o, down,
+    EAGLE-3's fc), 3 where it is several (gate_up, the LM head). K was never worth splitting.
+    Narrower blocks for small layers keep at least half the multiprocessors busy (not timed:
+    such products are short whatever their config)."""
+    block_n = 32 if triton.cdiv(out_features, 32) >= num_sms // 2 else 16
+    block_k = 128 if in_features >= 128 else max(16, triton.next_power_of_2(in_features))
+    many_waves = triton.cdiv(out_features, block_n) >= 4 * num_sms
+    return block_n, block_k, 4, 3 if many_waves else 6, 1
 
 
 def _num_sms(device: torch.device) -> int:
