@@ -154,8 +154,8 @@ class CudaDevice(DeviceLayer):
 
     def prepare_worker_process(self, workers_on_host: int = 1) -> None:
         # P16 (patches/gpu_linear.py), opt-in: products of a few token rows through our skinny
-        # GEMM (no gain in an EAGLE-3 engine on the H100, BENCHMARKS session 65). Never under vLLM's batch-invariant mode, which brings its own GEMM for every
-        # size.
+        # GEMM (no gain in an EAGLE-3 engine on the H100, BENCHMARKS session 65). Never under
+        # vLLM's batch-invariant mode, which brings its own GEMM for every size.
         from vllm import envs as vllm_envs
 
         from specdec_plugin import envs

@@ -86,10 +86,12 @@ def compile_variants(modules) -> int:
         bias = getattr(module, "bias", None)
         if not isinstance(bias, torch.Tensor) or getattr(module, "skip_bias_add", False):
             bias = None
-        x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
         key = (tuple(weight.shape), weight.stride(0), weight.data_ptr() % 16, weight.dtype,
                weight.device, bias is not None)
-        if key in seen or x.is_cpu or not _state["accepts"](x, weight, bias):
+        if key in seen or weight.is_cpu:
+            continue
+        x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        if not _state["accepts"](x, weight, bias):
             continue
         seen.add(key)
         _state["kernel"](x, weight, bias)
