@@ -132,6 +132,22 @@ def test_triton_rows_do_not_depend_on_the_batch(nan_empty):
     assert torch.equal(gemm_triton.skinny_gemm(x[2:5], weight), together[2:5])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(6144, 4096), (28672, 4096)])
+def test_rows_do_not_depend_on_the_batch_at_model_shapes(n, k):
+    """The row independence above, on the GPU with the configs the 7B shapes get (a one-wave
+    and a many-wave grid): 1, 3 and 5 rows (decode, the verifications of 2 and 4 drafts)
+    equal the same rows among 16, to the bit."""
+    from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
+
+    g = generator(19)
+    weight = (0.02 * randn(n, k, dtype=torch.float32, generator=g)).to("cuda", torch.bfloat16)
+    x = randn(16, k, dtype=torch.bfloat16, device="cuda", generator=g)
+    together = gemm_triton.skinny_gemm(x, weight)
+    for rows in (slice(0, 1), slice(7, 8), slice(0, 3), slice(11, 16)):
+        assert torch.equal(gemm_triton.skinny_gemm(x[rows], weight), together[rows]), rows
+
+
 def test_every_input_layout_reaches_the_kernel_in_one_layout():
     """``canonical_rows``: whatever the input's strides and offset, the kernel sees rows that
     are 16-byte aligned with unit stride along K and row stride K (a single row's stride is
