@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specdec_plugin.ops.skinny_gemm import reference, triton as ours  # noqa: E402
+from specdec_plugin.ops.skinny_gemm.validate import MAX_ROWS  # noqa: E402
 
 SHAPES = {  # name: (out_features N, in_features K)
     "qkv": (6144, 4096),
@@ -103,15 +104,7 @@ def main() -> None:
         best = None
         if args.sweep:
             x = torch.randn(3, k, device=dev, dtype=torch.bfloat16)
-            swept = []
-            for cfg in CONFIGS:
-                try:
-                    t = time_graph(lambda i: ours.launch(x, weights[i], None, cfg), copies)
-                except Exception as exc:  # e.g. out of shared memory for a deep pipeline
-                    print(f"{name} {cfg}: {type(exc).__name__}")
-                    continue
-                swept.append((t, cfg))
-            swept.sort()
+            swept = sweep(name, x, weights, copies, CONFIGS, MAX_ROWS)
             best = swept[0][1] if swept else None
             base = time_graph(lambda i: F.linear(x, weights[i]), copies)
             entry["sweep_3_rows"] = [{"config": list(c), "us": t * 1e6} for t, c in swept]
@@ -143,6 +136,20 @@ def main() -> None:
         (out / "skinny_gemm.json").write_text(json.dumps(result, indent=1))
 
 
+def sweep(label: str, x: torch.Tensor, weights: list[torch.Tensor], copies: int,
+          configs: list, block_m: int) -> list[tuple[float, tuple]]:
+    """``(seconds per product, config)`` for each of ``configs`` that runs, fastest first."""
+    swept = []
+    for cfg in configs:
+        try:
+            t = time_graph(lambda i: ours.launch(x, weights[i], None, cfg, block_m), copies)
+        except Exception as exc:  # e.g. out of shared memory for a deep pipeline
+            print(f"{label} {cfg}: {type(exc).__name__}")
+            continue
+        swept.append((t, cfg))
+    return sorted(swept)
+
+
 def probe_wide(name: str, weights: list[torch.Tensor], copies: int) -> dict:
     """cuBLAS against the best of ``WIDE_CONFIGS`` at each of ``WIDE_ROWS`` rows."""
     n, k = weights[0].shape
@@ -150,15 +157,7 @@ def probe_wide(name: str, weights: list[torch.Tensor], copies: int) -> dict:
     for m in WIDE_ROWS:
         block_m = max(16, 1 << (m - 1).bit_length())
         x = torch.randn(m, k, device=weights[0].device, dtype=torch.bfloat16)
-        swept = []
-        for cfg in WIDE_CONFIGS:
-            try:
-                t = time_graph(lambda i: ours.launch(x, weights[i], None, cfg, block_m), copies)
-            except Exception as exc:  # e.g. out of shared memory
-                print(f"{name} wide {m} {cfg}: {type(exc).__name__}")
-                continue
-            swept.append((t, cfg))
-        swept.sort()
+        swept = sweep(f"{name} wide {m}", x, weights, copies, WIDE_CONFIGS, block_m)
         t_blas = time_graph(lambda i: F.linear(x, weights[i]), copies)
         err = None
         if swept:
