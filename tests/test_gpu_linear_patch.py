@@ -73,7 +73,8 @@ SCRIPT = textwrap.dedent('''
                module(linear, 48, 32, dtype=torch.float32), module(linear, 48, 32, device="cpu"),
                torch.nn.Linear(32, 16)]
     launched.clear()
-    assert gpu_linear.compile_variants(modules) == 4
+    assert gpu_linear.compile_variants([torch.nn.ModuleList(modules[:5]),
+                                        torch.nn.ModuleList(modules[5:])]) == 4
     assert launched == [((1, 32), (48, 32), False), ((1, 32), (64, 32), True),
                         ((1, 32), (80, 32), False), ((1, 32), (100, 32), False)], launched
 

@@ -219,8 +219,8 @@ def test_spec_decode_kernels_without_a_padded_drafter_warm_only_the_sampler():
 
 @pytest.mark.parametrize("with_drafter", [True, False])
 def test_linear_variants_cover_the_target_and_the_drafter(monkeypatch, with_drafter):
-    """``compile_linear_variants`` hands P16 the modules of the target and, where there is one,
-    of the drafter (whose LM head may run outside any graph recorded at start-up), and names
+    """``compile_linear_variants`` hands P16 the target model and, where there is one, the
+    drafter (whose LM head may run outside any graph recorded at start-up), and names
     what was launched; with nothing launched (P16 off) it names nothing."""
     from specdec_plugin.patches import gpu_linear
     from specdec_plugin.worker.kernel_warmup import compile_linear_variants
@@ -229,12 +229,12 @@ def test_linear_variants_cover_the_target_and_the_drafter(monkeypatch, with_draf
     drafter = torch.nn.Linear(4, 2)
     seen = []
     monkeypatch.setattr(gpu_linear, "compile_variants",
-                        lambda modules: seen.append(list(modules)) or len(seen[-1]))
+                        lambda models: seen.append(list(models)) or 2 * len(seen[-1]))
     runner = SimpleNamespace(get_model=lambda: target,
                              get_draft_model=lambda: drafter if with_drafter else None)
     names = compile_linear_variants(runner)
-    want = list(target.modules()) + ([drafter] if with_drafter else [])
+    want = [target] + ([drafter] if with_drafter else [])
     assert seen == [want]
-    assert names == [f"skinny_gemm ({len(want)} weight shapes)"]
-    monkeypatch.setattr(gpu_linear, "compile_variants", lambda modules: 0)
+    assert names == [f"skinny_gemm ({2 * len(want)} weight shapes)"]
+    monkeypatch.setattr(gpu_linear, "compile_variants", lambda models: 0)
     assert compile_linear_variants(runner) == []

@@ -69,16 +69,17 @@ def _wrap_apply(cls) -> None:
     cls.apply = apply
 
 
-def compile_variants(modules) -> int:
+def compile_variants(models: list[torch.nn.Module]) -> int:
     """Run the kernel once on one random row for each distinct (weight shape, dtype, bias)
-    among ``modules`` whose product P16 sends to it; returns how many. Nothing when P16 is not
-    installed. One row is enough: the kernel does not specialise on the row count, and
-    ``ops/skinny_gemm/triton.py`` gives every input layout the same compiled variant."""
+    among the modules of ``models`` whose product P16 sends to it; returns how many. Nothing
+    (not even a walk of the modules) when P16 is not installed. One row is enough: the kernel
+    does not specialise on the row count, and ``ops/skinny_gemm/triton.py`` gives every input
+    layout the same compiled variant."""
     if not _state:
         return 0
     wrapped = _wrapped_classes()
     seen = set()
-    for module in modules:
+    for module in (module for model in models for module in model.modules()):
         weight = getattr(module, "weight", None)
         if not isinstance(getattr(module, "quant_method", None), wrapped) \
                 or not isinstance(weight, torch.Tensor) or weight.dim() != 2:

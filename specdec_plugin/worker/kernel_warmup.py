@@ -195,9 +195,7 @@ def compile_linear_variants(runner) -> list[str]:
     drafter's LM head outside its graphs, say) would compile at its first request."""
     from specdec_plugin.patches import gpu_linear
 
-    modules = list(runner.get_model().modules())
-    drafter_model = runner.get_draft_model() if hasattr(runner, "get_draft_model") else None
-    if isinstance(drafter_model, torch.nn.Module):
-        modules += list(drafter_model.modules())
-    shapes = gpu_linear.compile_variants(modules)
+    models = [model for model in (runner.get_model(), runner.get_draft_model())
+              if model is not None]
+    shapes = gpu_linear.compile_variants(models)
     return [f"skinny_gemm ({shapes} weight shapes)"] if shapes else []
