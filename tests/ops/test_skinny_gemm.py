@@ -45,16 +45,29 @@ def skinny_gemm_case(gemm, device, dtype, seed, n=200, k=576):
 CASES = {"skinny_gemm": skinny_gemm_case}
 
 
+def assert_case_matches_reference(gemm, device, dtype, seed, n=200, k=576,
+                                  case=skinny_gemm_case):
+    got = case(gemm, device, dtype, seed, n, k)
+    want = case(gemm_ref.skinny_gemm, device, dtype, seed, n, k)
+    for name in want:
+        assert got[name].shape == want[name].shape, name
+        torch.testing.assert_close(got[name], want[name], msg=name, **tol(dtype))
+
+
+def assert_rows_do_not_depend_on_the_batch(gemm, x, weight, row_slices):
+    """Each slice of rows multiplied alone equals the same rows of the whole product, to the
+    bit."""
+    together = gemm(x, weight)
+    for rows in row_slices:
+        assert torch.equal(gemm(x[rows], weight), together[rows]), rows
+
+
 @pytest.mark.parametrize("op,provider", providers_to_compare(FOLDER))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_provider_matches_reference(nan_empty, op, provider, dtype, seed):
-    device = device_for(provider)
-    got = CASES[op](kernel(op, provider), device, dtype, seed)
-    want = CASES[op](kernel(op, "torch"), device, dtype, seed)
-    for name in want:
-        assert got[name].shape == want[name].shape, name
-        torch.testing.assert_close(got[name], want[name], msg=name, **tol(dtype))
+    assert_case_matches_reference(kernel(op, provider), device_for(provider), dtype, seed,
+                                  case=CASES[op])
 
 
 @pytest.mark.gpu
@@ -75,11 +88,8 @@ def test_triton_model_shapes_on_gpu(n, k):
 def test_triton_small_shapes(nan_empty, n, k):
     from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
 
-    device = small_shape_device()
-    got = skinny_gemm_case(gemm_triton.skinny_gemm, device, torch.float16, 3, n, k)
-    want = skinny_gemm_case(gemm_ref.skinny_gemm, device, torch.float16, 3, n, k)
-    for name in want:
-        torch.testing.assert_close(got[name], want[name], msg=name, **tol(torch.float16))
+    assert_case_matches_reference(gemm_triton.skinny_gemm, small_shape_device(), torch.float16,
+                                  3, n, k)
 
 
 @pytest.mark.parametrize("split_k,k", [(2, 320), (3, 300)])
@@ -93,10 +103,7 @@ def test_triton_split_k_matches_reference(nan_empty, split_k, k):
     def split(x, weight, bias=None):
         return gemm_triton.launch(x, weight, bias, (16, 64, 4, 2, split_k))
 
-    got = skinny_gemm_case(split, device, dtype, 5, 72, k)
-    want = skinny_gemm_case(gemm_ref.skinny_gemm, device, dtype, 5, 72, k)
-    for name in want:
-        torch.testing.assert_close(got[name], want[name], msg=name, **tol(dtype))
+    assert_case_matches_reference(split, device, dtype, 5, 72, k)
 
 
 def test_triton_wide_tile_matches_float32_product(nan_empty):
@@ -126,10 +133,9 @@ def test_triton_rows_do_not_depend_on_the_batch(nan_empty):
     g = generator(11)
     weight = randn(96, 320, dtype=dtype, device=device, generator=g)
     x = randn(16, 320, dtype=dtype, device=device, generator=g)
-    together = gemm_triton.skinny_gemm(x, weight)
-    for i in (0, 5, 15):
-        assert torch.equal(gemm_triton.skinny_gemm(x[i: i + 1], weight), together[i: i + 1]), i
-    assert torch.equal(gemm_triton.skinny_gemm(x[2:5], weight), together[2:5])
+    assert_rows_do_not_depend_on_the_batch(
+        gemm_triton.skinny_gemm, x, weight,
+        (slice(0, 1), slice(5, 6), slice(15, 16), slice(2, 5)))
 
 
 @pytest.mark.gpu
@@ -143,9 +149,9 @@ def test_rows_do_not_depend_on_the_batch_at_model_shapes(n, k):
     g = generator(19)
     weight = (0.02 * randn(n, k, dtype=torch.float32, generator=g)).to("cuda", torch.bfloat16)
     x = randn(16, k, dtype=torch.bfloat16, device="cuda", generator=g)
-    together = gemm_triton.skinny_gemm(x, weight)
-    for rows in (slice(0, 1), slice(7, 8), slice(0, 3), slice(11, 16)):
-        assert torch.equal(gemm_triton.skinny_gemm(x[rows], weight), together[rows]), rows
+    assert_rows_do_not_depend_on_the_batch(
+        gemm_triton.skinny_gemm, x, weight,
+        (slice(0, 1), slice(7, 8), slice(0, 3), slice(11, 16)))
 
 
 def test_every_input_layout_reaches_the_kernel_in_one_layout():
