@@ -294,6 +294,8 @@ def _row(method: str, cell: str, results: dict[str, dict]) -> dict:
         # The decode phase alone (tests/engine_runner.py): no prefill, no call overhead.
         row[f"{name}_decode_ms_per_token"] = entry.get("decode_ms_per_token")
         row[f"{name}_tokens_per_s"] = entry.get("tokens_per_s")
+        # Where the time before the decode phase went: hand-over, prefills (engine_runner).
+        row[f"{name}_start_phase_ms"] = entry.get("start_phase_ms")
         row[f"{name}_acceptance_length"] = entry.get("acceptance_length")
         row[f"{name}_acceptance_per_position"] = entry.get("acceptance_per_position")
         # Among the drafts that reached each position (tests/engine_runner.py); ours only.

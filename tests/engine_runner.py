@@ -138,8 +138,31 @@ def decode_ms_per_token(outputs) -> float | None:
     return 1000.0 * (end - start) / steps
 
 
+def start_phase_ms(outputs, wall_s: float | None = None) -> dict | None:
+    """Where a call's time outside the decode phase goes, from the same engine timestamps
+    (all on the engine core's clock); None without them. ``arrival``: from the first request
+    queued in the core to the last (how long the caller took to hand the batch over: the core
+    starts stepping on the first, so a slow hand-over staggers the prefills); ``first_token``:
+    from the first request queued to the last request's first token (hand-over and prefills);
+    ``outside_core``: the call's wall time less the core's span from the first queued request
+    to the last token (request set-up before it, output handling after; only with
+    ``wall_s``, the call's own wall time). Why: at batch 16 on
+    the H100 the time outside the decode phase varied 49-135 ms between runs of one engine
+    (session 65), as much as the two engines differed."""
+    stats = [o.metrics for o in outputs]
+    if not stats or any(m is None or not m.queued_ts or not m.first_token_ts for m in stats):
+        return None
+    queued = min(m.queued_ts for m in stats)
+    span = max(m.last_token_ts for m in stats) - queued
+    phase = {"arrival": 1000.0 * (max(m.queued_ts for m in stats) - queued),
+             "first_token": 1000.0 * (max(m.first_token_ts for m in stats) - queued)}
+    if wall_s is not None:
+        phase["outside_core"] = 1000.0 * (wall_s - span)
+    return phase
+
+
 def timed_entry(walls: list[float], decode: list, tokens: list[list[int]], batch: int,
-                counters: dict | None) -> dict:
+                counters: dict | None, start_phases: list | None = None) -> dict:
     """One batch size's figures from its timed runs: the median wall time, ms/token (wall time
     over the tokens one request receives), tokens/s, the decode phase where every run had one,
     and from the speculative counters (None: not read) the acceptance."""
@@ -153,6 +176,10 @@ def timed_entry(walls: list[float], decode: list, tokens: list[list[int]], batch
     if all(d is not None for d in decode):
         entry["decode_ms_per_token"] = statistics.median(decode)
         entry["decode_ms_per_token_runs"] = decode
+    if start_phases and all(p is not None for p in start_phases):
+        entry["start_phase_ms"] = {key: statistics.median(p[key] for p in start_phases)
+                                   for key in start_phases[0]}
+        entry["start_phase_ms_runs"] = start_phases
     if counters is not None and counters["drafts"]:
         entry["acceptance_length"] = 1.0 + counters["accepted"] / counters["drafts"]
         entry["acceptance_per_position"] = [a / counters["drafts"] for a in counters["per_position"]]
@@ -202,7 +229,7 @@ def run_job(job: dict) -> dict:
             for requests in rounds:
                 llm.generate(requests, params, use_tqdm=False)
         before = _spec_counters(llm)
-        walls, windows, decode, tokens = [], [], [], None
+        walls, windows, decode, starts, tokens = [], [], [], [], None
         for _ in range(job.get("repeats", 3)):
             start_clock = time.strftime("%H:%M:%S")  # to place the engine's log lines (JIT)
             t0 = time.perf_counter()
@@ -211,9 +238,14 @@ def run_job(job: dict) -> dict:
             windows.append([start_clock, time.strftime("%H:%M:%S")])
             phases = [decode_ms_per_token(out) for out in outputs]
             decode.append(None if None in phases else statistics.mean(phases))
+            # The first round's hand-over (batch > 1 is one round; batch 1 over several
+            # prompts: the first of them, whose own wall time is not kept).
+            starts.append(start_phase_ms(outputs[0],
+                                         walls[-1] if len(outputs) == 1 else None))
             if tokens is None:
                 tokens = [list(o.outputs[0].token_ids) for out in outputs for o in out]
-        entry = timed_entry(walls, decode, tokens, batch, _delta(_spec_counters(llm), before))
+        entry = timed_entry(walls, decode, tokens, batch, _delta(_spec_counters(llm), before),
+                            starts)
         entry["prompts_timed"] = len(tokens)
         entry["run_clock_windows"] = windows
         if job.get("tokens"):

@@ -87,3 +87,28 @@ def test_acceptance_among_drafts_that_reach_each_position():
     # Unknown lengths (vLLM's own backend): None; a position no draft reached: None.
     assert reached_acceptance([3, 1], {}) is None
     assert reached_acceptance([3, 0], {1: 10}) == [0.3, None]
+
+
+def test_start_phase_splits_the_time_before_the_decode_phase():
+    from tests.engine_runner import start_phase_ms
+
+    rng = random.Random()
+    count = rng.randrange(2, 17)
+    queued = sorted(100.0 + rng.uniform(0, 0.05) for _ in range(count))
+    firsts = [q + rng.uniform(0.005, 0.03) for q in queued]
+    lasts = [f + rng.uniform(0.3, 0.6) for f in firsts]
+    outputs = [SimpleNamespace(metrics=SimpleNamespace(queued_ts=q, first_token_ts=f,
+                                                       last_token_ts=last))
+               for q, f, last in zip(queued, firsts, lasts)]
+    rng.shuffle(outputs)  # the outputs' order is the prompts', not the arrivals'
+    wall = max(lasts) - queued[0] + rng.uniform(0.001, 0.02)
+    phase = start_phase_ms(outputs, wall)
+    assert phase["arrival"] == pytest.approx(1000 * (queued[-1] - queued[0]))
+    assert phase["first_token"] == pytest.approx(1000 * (max(firsts) - queued[0]))
+    assert phase["outside_core"] == pytest.approx(1000 * (wall - (max(lasts) - queued[0])))
+    # Without the call's own wall time there is no outside-the-core figure.
+    assert "outside_core" not in start_phase_ms(outputs)
+    # A request the core kept no timestamps for: no figure at all.
+    outputs[0].metrics.queued_ts = 0.0
+    assert start_phase_ms(outputs, wall) is None
+    assert start_phase_ms([SimpleNamespace(metrics=None)], wall) is None
