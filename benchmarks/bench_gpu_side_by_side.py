@@ -151,6 +151,11 @@ BACKENDS = {
     "ours-slow-explore": Backend("ours", "specdec_plugin, untested positions fade slowly",
                                  {"SPECDEC_ADAPTIVE_UNTESTED_DECAY": "0.99"},
                                  methods=_DRAFTING),
+    # The two opt-ins above together: what issue 12's bar would see if both became defaults.
+    "ours-skinny-slow": Backend("ours", "specdec_plugin, skinny GEMM + slow fading",
+                                {"SPECDEC_SKINNY_GEMM": "1",
+                                 "SPECDEC_ADAPTIVE_UNTESTED_DECAY": "0.99"},
+                                methods=_DRAFTING),
     # The drafter's KV sync deferred over plain steps (issue 11; the CUDA default since
     # session 13, so "ours" has it too unless the environment sets it to 0).
     "ours-defer": Backend("ours", "specdec_plugin, drafter sync deferred",
