@@ -6,7 +6,8 @@ counts of a small-batch speculative step (1-16 tokens). Each product is timed as
 step runs it: inside a CUDA graph, one product after another, each on a different copy of the
 weight (at least 400 MB in all, so the 50-MB L2 cache never holds the next one), with device
 events around 20 replays after 5 warm-up ones, median of 5 such timings. Bandwidth counts the
-weight's bytes only.
+weight's bytes only. Row counts 17-64 run the op's 64-row tile (a batch-16 verification of 2
+or 3 drafts multiplies 48 or 64 rows); P16 uses it only where ``wide_tile_pays`` (printed).
 
     python3 benchmarks/bench_skinny_gemm.py [--sweep] [--out DIR]
 
@@ -16,9 +17,9 @@ config that ``block_config`` chooses is timed. Prints, per shape
 and row count, cuBLAS's and our time and ours / cuBLAS; writes ``skinny_gemm.json`` to
 ``--out`` after every shape (a call cut short keeps what was measured).
 
-``--wide`` then probes what the op does not accept yet: ``WIDE_ROWS`` rows (a batch-16 step
-verifies 80) with a wider tile (``BLOCK_M`` 64 or 128) over ``WIDE_CONFIGS``, best against
-cuBLAS, to tell whether batch 16 could gain too.
+``--wide`` then sweeps ``WIDE_CONFIGS`` at ``WIDE_ROWS`` rows with a 64- or 128-row tile
+(80 rows, a batch-16 verification of 4 drafts, is more than the op accepts), best against
+cuBLAS: the probe the 64-row tile's configs came from (session 65).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specdec_plugin.ops.skinny_gemm import reference, triton as ours  # noqa: E402
-from specdec_plugin.ops.skinny_gemm.validate import MAX_ROWS  # noqa: E402
+from specdec_plugin.ops.skinny_gemm.validate import NARROW_ROWS  # noqa: E402
 
 SHAPES = {  # name: (out_features N, in_features K)
     "qkv": (6144, 4096),
@@ -45,7 +46,7 @@ SHAPES = {  # name: (out_features N, in_features K)
     "lm_head": (32000, 4096),
     "eagle3_fc": (4096, 12288),
 }
-ROWS = (1, 2, 3, 5, 8, 16)
+ROWS = (1, 2, 3, 5, 8, 16, 17, 48, 64)
 # (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K): the one-pass grid, then K split in 2 or 4.
 CONFIGS = [(bn, bk, w, s, 1) for bn, bk, (w, s) in itertools.product(
     (16, 32, 64), (128, 256, 512), ((4, 3), (4, 4), (8, 4), (4, 6)))] + [
@@ -99,12 +100,15 @@ def main() -> None:
         copies = max(2, -(-MIN_BYTES // nbytes))
         weights = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
                    for _ in range(copies)]
-        entry = result["shapes"][name] = {"N": n, "K": k, "rows": {}}
+        entry = result["shapes"][name] = {"N": n, "K": k, "rows": {},
+                                          "wide_tile_pays": ours.wide_tile_pays(n, sms)}
         chosen = ours.block_config(n, k, sms)
+        print(f"{name}: 16-row tile {chosen}, 64-row tile {ours.wide_block_config(n, k, sms)}"
+              f" (P16 uses it: {entry['wide_tile_pays']})")
         best = None
         if args.sweep:
             x = torch.randn(3, k, device=dev, dtype=torch.bfloat16)
-            swept = sweep(name, x, weights, copies, CONFIGS, MAX_ROWS)
+            swept = sweep(name, x, weights, copies, CONFIGS, NARROW_ROWS)
             best = swept[0][1] if swept else None
             base = time_graph(lambda i: F.linear(x, weights[i]), copies)
             entry["sweep_3_rows"] = [{"config": list(c), "us": t * 1e6} for t, c in swept]
@@ -120,7 +124,7 @@ def main() -> None:
                                 "ours_over_cublas": t_ours / t_blas, "max_abs_err": err,
                                 "cublas_tb_s": nbytes / t_blas / 1e12,
                                 "ours_tb_s": nbytes / t_ours / 1e12}
-            if best is not None and best != chosen:  # the 3-row winner at this row count
+            if best is not None and best != chosen and m <= NARROW_ROWS:  # the 3-row winner
                 t_best = time_graph(lambda i: ours.launch(x, weights[i], None, best), copies)
                 entry["rows"][m].update(best_config=list(best), best_us=t_best * 1e6)
                 print(f"{'':9s} best swept config {best}: {t_best * 1e6:7.1f} us, "
@@ -162,7 +166,7 @@ def probe_wide(name: str, weights: list[torch.Tensor], copies: int) -> dict:
         err = None
         if swept:
             got = ours.launch(x, weights[0], None, swept[0][1], block_m).float()
-            # The reference's own formula: it refuses more than 16 rows, as the op does.
+            # The reference's own formula: it refuses more than 64 rows, as the op does.
             err = (got - F.linear(x.float(), weights[0].float())).abs().max().item()
         found[m] = {"cublas_us": t_blas * 1e6, "block_m": block_m, "max_abs_err": err,
                     "best": [{"config": list(c), "us": t * 1e6} for t, c in swept[:4]]}

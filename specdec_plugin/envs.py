@@ -121,10 +121,13 @@
   Read when a process first selects its attention backend (vLLM keeps that choice for the
   process's later engines).
 - ``SPECDEC_SKINNY_GEMM=1``: on CUDA GPUs, products of at most 16 token rows in bfloat16 or
-  float16 (linear layers and the LM head) run our Triton skinny GEMM (ops/skinny_gemm, patch
-  P16, patches/gpu_linear.py) instead of cuBLAS. Off by default: timed on the H100 in
-  session 65, no gain in the engine (EAGLE-3 1.002x / 1.008x of the default at batch
-  1 / 16). Read once per worker process, before its model is built.
+  float16 (linear layers and the LM head), and of 17-64 rows for the weights whose 64-row
+  tile beat cuBLAS on the H100 (a 7B model's qkv, gate_up and LM head: a batch-16
+  verification), run our Triton skinny GEMM (ops/skinny_gemm, patch P16,
+  patches/gpu_linear.py) instead of cuBLAS. Off by default: timed on the H100 in session 65
+  with the 16-row tile only, no gain in the engine (EAGLE-3 1.002x / 1.008x of the default
+  at batch 1 / 16); the 64-row tile is not yet timed in an engine. Read once per worker
+  process, before its model is built.
 - ``SPECDEC_LEAN_STEP_INPUTS=0``: build a uniform speculative step's input ids and index
   tensors with vLLM's per-step uploads, instead of strided device copies and index tensors
   kept per batch shape (worker/uniform_step_inputs.py). Default on.

@@ -6,10 +6,11 @@ classes and registers ``torch.ops.specdec.skinny_linear`` for the life of a proc
   LM head alike; a CPU input, or a float32 one, still runs vLLM's own ``apply``;
 - the op under ``torch.compile`` with a dynamic number of rows (as vLLM compiles the model):
   registered for the CPU here with the torch reference as the kernel, it gives the reference's
-  product at 1, 3 and 16 rows and ``F.linear``'s above 16, and the op's fake implementation
-  traces;
+  product up to the weight's ``max_rows`` (16, or 64 for a weight the wide tile serves) and
+  ``F.linear``'s above, and the op's fake implementation traces;
 - ``compile_variants`` (engine start): one launch on one row per distinct weight shape and bias
-  among the modules whose product the patch routes, none for float32, CPU or other modules.
+  among the modules whose product the patch routes, and one on 17 rows where ``max_rows``
+  reaches the wide tile; none for float32, CPU or other modules.
 """
 from __future__ import annotations
 
@@ -39,7 +40,10 @@ SCRIPT = textwrap.dedent('''
     def kernel(x, weight, bias=None):
         launched.append((tuple(x.shape), tuple(weight.shape), bias is not None))
         return reference.skinny_gemm(x, weight, bias)
-    gpu_linear.apply(kernel, skinny_gemm_accepts, "CPU")
+    # 64 rows for weights of 100 or more output columns (the wide tile), 16 for the rest.
+    def max_rows(weight):
+        return 64 if weight.shape[0] >= 100 else 16
+    gpu_linear.apply(kernel, skinny_gemm_accepts, max_rows, "CPU")
 
     class Layer(torch.nn.Module):
         def __init__(self, weight):
@@ -76,18 +80,22 @@ SCRIPT = textwrap.dedent('''
     assert gpu_linear.compile_variants([torch.nn.ModuleList(modules[:5]),
                                         torch.nn.ModuleList(modules[5:])]) == 4
     assert launched == [((1, 32), (48, 32), False), ((1, 32), (64, 32), True),
-                        ((1, 32), (80, 32), False), ((1, 32), (100, 32), False)], launched
+                        ((1, 32), (80, 32), False), ((1, 32), (100, 32), False),
+                        ((17, 32), (100, 32), False)], launched
 
-    w = torch.randn(64, 32, dtype=torch.bfloat16)
-    b = torch.randn(64, dtype=torch.bfloat16)
-    def f(x):
-        return torch.ops.specdec.skinny_linear(torch.relu(x), w, b)
-    compiled = torch.compile(f, dynamic=True)
-    for rows in (1, 3, 16, 40):
-        x = torch.randn(rows, 32, dtype=torch.bfloat16)
-        want = (reference.skinny_gemm(torch.relu(x), w, b) if rows <= 16
-                else F.linear(torch.relu(x), w, b))
-        assert torch.equal(compiled(x), want), rows
+    for n, limit in ((64, 16), (128, 64)):
+        w = torch.randn(n, 32, dtype=torch.bfloat16)
+        b = torch.randn(n, dtype=torch.bfloat16)
+        def f(x, w=w, b=b):
+            return torch.ops.specdec.skinny_linear(torch.relu(x), w, b)
+        compiled = torch.compile(f, dynamic=True)
+        for rows in (1, 3, 16, 17, 40, 64, 65):
+            x = torch.randn(rows, 32, dtype=torch.bfloat16)
+            launched.clear()
+            want = (reference.skinny_gemm(torch.relu(x), w, b) if rows <= limit
+                    else F.linear(torch.relu(x), w, b))
+            assert torch.equal(compiled(x), want), (n, rows)
+            assert bool(launched) == (rows <= limit), (n, rows, launched)
     print("P16 OK")
 ''')
 
@@ -101,9 +109,10 @@ def test_p16_routes_few_row_half_precision_products_to_the_op():
 
 
 def test_cuda_device_installs_p16_only_when_asked(monkeypatch):
-    """SPECDEC_SKINNY_GEMM=1 installs P16 with the Triton provider and the CUDA accept rule;
+    """SPECDEC_SKINNY_GEMM=1 installs P16 with the Triton provider and the CUDA accept and
+    row-limit rules;
     unset (the default) or under vLLM's batch-invariant mode, nothing is installed."""
-    from specdec_plugin.device.cuda import CudaDevice, skinny_gemm_accepts
+    from specdec_plugin.device.cuda import CudaDevice, skinny_gemm_accepts, skinny_gemm_max_rows
     from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
     from specdec_plugin.patches import gpu_linear
 
@@ -117,6 +126,7 @@ def test_cuda_device_installs_p16_only_when_asked(monkeypatch):
         CudaDevice().prepare_worker_process()
         assert bool(calls) == installed, (skinny, invariant)
         if installed:
-            kernel, accepts, key = calls[0]
+            kernel, accepts, max_rows, key = calls[0]
             assert kernel is gemm_triton.skinny_gemm and accepts is skinny_gemm_accepts
+            assert max_rows is skinny_gemm_max_rows
             assert key == "CUDA"

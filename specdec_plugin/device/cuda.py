@@ -18,6 +18,14 @@ def skinny_gemm_accepts(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
             and weight.stride(-1) == 1 and (bias is None or bias.dtype == x.dtype))
 
 
+def skinny_gemm_max_rows(weight: torch.Tensor) -> int:
+    """The most rows P16 gives the skinny GEMM on ``weight``: 16, or 64 where its wide tile
+    beat cuBLAS in the H100 probe (``ops/skinny_gemm/triton.py`` ``max_rows_worth_it``)."""
+    from specdec_plugin.ops.skinny_gemm.triton import max_rows_worth_it
+
+    return max_rows_worth_it(weight)
+
+
 class CudaDevice(DeviceLayer):
     name: ClassVar[str] = "cuda"
     torch_device_type: ClassVar[str] = "cuda"
@@ -165,7 +173,7 @@ class CudaDevice(DeviceLayer):
         from specdec_plugin.patches import gpu_linear
 
         gpu_linear.apply(get_kernel("skinny_gemm", self.kernel_providers),
-                         skinny_gemm_accepts, self.dispatch_key)
+                         skinny_gemm_accepts, skinny_gemm_max_rows, self.dispatch_key)
 
     def measures_memory(self) -> bool:
         return True

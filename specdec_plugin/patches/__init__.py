@@ -197,12 +197,13 @@ P15 our draft-length counter in offline engines (``vllm.v1.engine.llm_engine.LLM
 P16 linear layers and the LM head of a few token rows on the GPU (patches/gpu_linear.py, applied
    by device/cuda.py ``prepare_worker_process`` with ``SPECDEC_SKINNY_GEMM=1``)
    Why: ``dispatch_unquantized_gemm`` gives every platform but ROCm and vLLM's CPU ``F.linear``;
-   at 1-16 token rows (small-batch decode and verification) cuBLAS reads the small weights
-   well under the memory's rate, and a platform cannot choose another GEMM.
+   at 1-64 token rows (small-batch decode and verification) cuBLAS reads some weights well
+   under the memory's rate, and a platform cannot choose another GEMM.
    What: ``UnquantizedLinearMethod`` / ``UnquantizedEmbeddingMethod``'s ``apply`` wrapped: a
    GPU input in bfloat16 / float16 goes to the custom op ``torch.ops.specdec.skinny_linear``
-   (ops/skinny_gemm for at most 16 rows, ``F.linear`` above); everything else calls vLLM's.
-   Each weight shape's kernel compiles at engine start (worker/kernel_warmup.py).
+   (ops/skinny_gemm for at most 16 rows, or 64 where the device layer's ``max_rows`` says its
+   wide tile pays; ``F.linear`` above); everything else calls vLLM's. Each weight shape's
+   kernel compiles at engine start, per row tile (worker/kernel_warmup.py).
    Replaces: model_executor/layers/linear.py:228 and vocab_parallel_embedding.py:75
    (``dispatch_unquantized_gemm()(layer, x, layer.weight, bias)``; layers/utils.py:338).
    When it can go: with P11, when ``dispatch_unquantized_gemm`` asks the platform.

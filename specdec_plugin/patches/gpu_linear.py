@@ -7,15 +7,17 @@ multiplies 1-5 rows by each weight, and cuBLAS reads the small ones (a 7B model'
 projections) well under the memory's rate (``ops/skinny_gemm/triton.py``). This wraps the two
 quant methods' ``apply``: a GPU input in bfloat16 or float16 whose weight the device layer
 accepts goes to the custom op ``torch.ops.specdec.skinny_linear``, which runs our kernel for
-at most ``MAX_ROWS`` rows and ``F.linear`` for more. Anything else calls vLLM's own ``apply``.
+as many rows as the device layer says it beats cuBLAS at on that weight (16, or 64 where the
+kernel's wide tile pays: a batch-16 verification) and ``F.linear`` for more. Anything else
+calls vLLM's own ``apply``.
 
 Why a custom op: vLLM compiles the model with Dynamo, whose graph has a symbolic number of
 tokens. Choosing between the two GEMMs on that number in traced code would guard on it (a
 recompile per side of the threshold); inside an opaque op it is a plain integer at run time, and
 each CUDA graph captures the choice for its own size.
 
-``compile_variants`` launches the kernel once per weight shape of the loaded models at engine
-start (worker/kernel_warmup.py): a product that start-up never ran (seen on the H100,
+``compile_variants`` launches the kernel once per weight shape and row tile of the loaded
+models at engine start (worker/kernel_warmup.py): a product that start-up never ran (seen on the H100,
 2026-12-07: a SmolLM2 EAGLE-3 engine compiled ``_skinny_gemm_kernel`` while serving) would
 otherwise compile in the middle of a request.
 """
@@ -26,7 +28,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from specdec_plugin.ops.skinny_gemm.validate import MAX_ROWS
+from specdec_plugin.ops.skinny_gemm.validate import NARROW_ROWS
 
 _state: dict = {}
 _LIB_NAME = "specdec"
@@ -34,7 +36,7 @@ _LIB_NAME = "specdec"
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
-    if x.numel() // max(1, x.shape[-1]) <= MAX_ROWS:
+    if x.numel() // max(1, x.shape[-1]) <= _state["max_rows"](weight):
         return _state["kernel"](x, weight, bias)
     return F.linear(x, weight, bias)
 
@@ -70,11 +72,12 @@ def _wrap_apply(cls) -> None:
 
 
 def compile_variants(models: list[torch.nn.Module]) -> int:
-    """Run the kernel once on one random row for each distinct (weight shape, dtype, bias)
-    among the modules of ``models`` whose product P16 sends to it; returns how many. Nothing
-    (not even a walk of the modules) when P16 is not installed. One row is enough: the kernel
-    does not specialise on the row count, and ``ops/skinny_gemm/triton.py`` gives every input
-    layout the same compiled variant."""
+    """Run the kernel once per row tile P16 uses (one random row, and ``NARROW_ROWS`` + 1
+    where the weight's ``max_rows`` reaches the wide tile) for each distinct (weight shape,
+    dtype, bias) among the modules of ``models`` whose product P16 sends to it; returns how
+    many products. Nothing (not even a walk of the modules) when P16 is not installed. One
+    row count per tile is enough: the kernel does not specialise on the row count, and
+    ``ops/skinny_gemm/triton.py`` gives every input layout the same compiled variant."""
     if not _state:
         return 0
     wrapped = _wrapped_classes()
@@ -96,6 +99,8 @@ def compile_variants(models: list[torch.nn.Module]) -> int:
             continue
         seen.add(key)
         _state["kernel"](x, weight, bias)
+        if _state["max_rows"](weight) > NARROW_ROWS:
+            _state["kernel"](x.expand(NARROW_ROWS + 1, -1).contiguous(), weight, bias)
     return len(seen)
 
 
@@ -106,13 +111,15 @@ def _wrapped_classes() -> tuple[type, ...]:
     return UnquantizedLinearMethod, UnquantizedEmbeddingMethod
 
 
-def apply(kernel: Callable, accepts: Callable[..., bool], dispatch_key: str) -> None:
+def apply(kernel: Callable, accepts: Callable[..., bool], max_rows: Callable[..., int],
+          dispatch_key: str) -> None:
     """Install P16 for this process (idempotent). ``kernel(x, weight, bias)`` is the skinny
     GEMM provider; ``accepts(x, weight, bias)`` says which products go to the op (static facts
-    only, dtype and layout: it runs in traced code)."""
+    only, dtype and layout: it runs in traced code); ``max_rows(weight)`` the most rows the
+    op gives the kernel (it runs inside the op, on the actual row count)."""
     if _state:
         return
-    _state.update(kernel=kernel, accepts=accepts)
+    _state.update(kernel=kernel, accepts=accepts, max_rows=max_rows)
     _register_op(dispatch_key)
     for cls in _wrapped_classes():
         _wrap_apply(cls)

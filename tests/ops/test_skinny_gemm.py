@@ -1,17 +1,18 @@
 """Skinny GEMM (``ops/skinny_gemm``): every registered provider against the torch reference, the
 row independence the kernel promises, and the contract's edges.
 
-- Registry-driven: each provider runs on seeded random inputs (1, 3 and 16 rows, a 3-D input,
-  a strided one, a bias, K and N that are not multiples of the blocks) and must match the
+- Registry-driven: each provider runs on seeded random inputs (1, 3, 16, 17 and 64 rows: both
+  row tiles and their edges; a 3-D input, a strided one, a bias, K and N that are not
+  multiples of the blocks) and must match the
   reference within one rounding of the half-precision result; outputs start as NaN
   (``nan_empty``), so an unwritten element fails.
 - Small shapes under Triton's interpreter on CPU in float16 only: the interpreter's bfloat16
   ``tl.dot`` returns garbage on this host (seen 2026-12-07), so bfloat16 is left to the GPU.
-- A row's result does not depend on the other rows: alone (a plain decode step) and among 16
-  (a verification step) it is the same to the bit.
+- A row's result does not depend on the other rows of its tile: alone (a plain decode step)
+  and among 16 (a verification step) it is the same to the bit, and so among 17-64.
 - Every input layout reaches the kernel as one layout (aligned, row stride K), so a layout
   first seen while serving compiles no new variant (gpu: Triton's kernel cache does not grow).
-- Contract: more than 16 rows, float32, a K that does not match or a bias of the wrong shape
+- Contract: more than 64 rows, float32, a K that does not match or a bias of the wrong shape
   fail with the op's name.
 """
 from __future__ import annotations
@@ -35,11 +36,13 @@ def skinny_gemm_case(gemm, device, dtype, seed, n=200, k=576):
     g = generator(seed)
     weight = (0.05 * randn(n, k, dtype=torch.float32, generator=g)).to(device, dtype)
     bias = randn(n, dtype=dtype, device=device, generator=g)
-    x16 = randn(16, k, dtype=dtype, device=device, generator=g)
+    x64 = randn(64, k, dtype=dtype, device=device, generator=g)
     wide = randn(3, k + 8, dtype=dtype, device=device, generator=g)
-    return {"one_row": gemm(x16[:1], weight), "three_rows": gemm(x16[:3], weight, bias),
-            "sixteen_rows": gemm(x16, weight), "3d": gemm(x16[:6].reshape(2, 3, k), weight),
-            "strided": gemm(wide[:, 4: 4 + k], weight, bias)}
+    return {"one_row": gemm(x64[:1], weight), "three_rows": gemm(x64[:3], weight, bias),
+            "sixteen_rows": gemm(x64[:16], weight), "3d": gemm(x64[:6].reshape(2, 3, k), weight),
+            "strided": gemm(wide[:, 4: 4 + k], weight, bias),
+            "seventeen_rows": gemm(x64[:17], weight, bias),
+            "sixty_four_rows": gemm(x64, weight)}
 
 
 CASES = {"skinny_gemm": skinny_gemm_case}
@@ -73,12 +76,13 @@ def test_provider_matches_reference(nan_empty, op, provider, dtype, seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 14336), (32000, 4096)])
 def test_triton_model_shapes_on_gpu(n, k):
-    """The 7B benchmark model's qkv, down and LM-head shapes, bfloat16, as the engine runs them."""
+    """The 7B benchmark model's qkv, down and LM-head shapes, bfloat16, as the engine runs them
+    (both row tiles)."""
     from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
 
     g = generator(7)
     weight = (0.02 * randn(n, k, dtype=torch.float32, generator=g)).to("cuda", torch.bfloat16)
-    for rows in (1, 3, 5, 16):
+    for rows in (1, 3, 5, 16, 17, 48, 64):
         x = randn(rows, k, dtype=torch.bfloat16, device="cuda", generator=g)
         torch.testing.assert_close(gemm_triton.skinny_gemm(x, weight),
                                    gemm_ref.skinny_gemm(x, weight), **tol(torch.bfloat16))
@@ -101,7 +105,8 @@ def test_triton_split_k_matches_reference(nan_empty, split_k, k):
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
 
     def split(x, weight, bias=None):
-        return gemm_triton.launch(x, weight, bias, (16, 64, 4, 2, split_k))
+        block_m = gemm_triton.tile_rows(x.numel() // x.shape[-1])
+        return gemm_triton.launch(x, weight, bias, (16, 64, 4, 2, split_k), block_m)
 
     assert_case_matches_reference(split, device, dtype, 5, 72, k)
 
@@ -138,6 +143,20 @@ def test_triton_rows_do_not_depend_on_the_batch(nan_empty):
         (slice(0, 1), slice(5, 6), slice(15, 16), slice(2, 5)))
 
 
+def test_triton_rows_do_not_depend_on_the_batch_in_the_wide_tile(nan_empty):
+    """The 64-row tile (17-64 rows, a batch-16 verification): a row among 17 equals the same
+    row among 64, to the bit."""
+    from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
+
+    device = small_shape_device()
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    g = generator(23)
+    weight = randn(96, 320, dtype=dtype, device=device, generator=g)
+    x = randn(64, 320, dtype=dtype, device=device, generator=g)
+    assert_rows_do_not_depend_on_the_batch(
+        gemm_triton.skinny_gemm, x, weight, (slice(0, 17), slice(20, 48), slice(40, 64)))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k", [(6144, 4096), (28672, 4096)])
 def test_rows_do_not_depend_on_the_batch_at_model_shapes(n, k):
@@ -152,6 +171,11 @@ def test_rows_do_not_depend_on_the_batch_at_model_shapes(n, k):
     assert_rows_do_not_depend_on_the_batch(
         gemm_triton.skinny_gemm, x, weight,
         (slice(0, 1), slice(7, 8), slice(0, 3), slice(11, 16)))
+    # The wide tile: 48 and 17 rows (verifications of 2 drafts at batch 16, and the tile's
+    # first row count) equal the same rows among 64.
+    x64 = randn(64, k, dtype=torch.bfloat16, device="cuda", generator=g)
+    assert_rows_do_not_depend_on_the_batch(gemm_triton.skinny_gemm, x64, weight,
+                                           (slice(0, 48), slice(30, 47), slice(47, 64)))
 
 
 def test_every_input_layout_reaches_the_kernel_in_one_layout():
@@ -185,8 +209,9 @@ def test_every_input_layout_reaches_the_kernel_in_one_layout():
 
 @pytest.mark.gpu
 def test_one_compiled_variant_serves_every_layout():
-    """On the GPU: after the first product with a weight, inputs of other layouts and row
-    counts compile nothing more (Triton's per-device kernel cache does not grow)."""
+    """On the GPU: after the first product with a weight in a row tile, inputs of other
+    layouts and row counts in that tile compile nothing more (Triton's per-device kernel
+    cache does not grow)."""
     from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
 
     g = generator(17)
@@ -201,6 +226,15 @@ def test_one_compiled_variant_serves_every_layout():
         torch.testing.assert_close(gemm_triton.skinny_gemm(x, weight),
                                    gemm_ref.skinny_gemm(x, weight), **tol(torch.bfloat16))
     assert len(cache) == compiled
+    # The 64-row tile: one more variant at its first product, none for its other row counts.
+    wide = randn(64 * (k + 8) + 64, dtype=torch.bfloat16, device="cuda", generator=g)
+    gemm_triton.skinny_gemm(wide[: 17 * k].view(17, k), weight)
+    assert len(cache) == compiled + 1
+    for x in (wide[: 64 * k].view(64, k), wide[1: 1 + 40 * k].view(40, k),
+              wide[: 48 * (k + 8)].view(48, k + 8)[:, 4: 4 + k]):
+        torch.testing.assert_close(gemm_triton.skinny_gemm(x, weight),
+                                   gemm_ref.skinny_gemm(x, weight), **tol(torch.bfloat16))
+    assert len(cache) == compiled + 1
 
 
 @pytest.mark.parametrize("op,provider", every_provider(FOLDER))
@@ -209,7 +243,7 @@ def test_contract_rejects_bad_inputs(op, provider):
     device = device_for(provider)
     weight = randn(32, 64, dtype=torch.float16, device=device)
     bad = {
-        "more than 16": (randn(17, 64, dtype=torch.float16, device=device), weight, None),
+        "more than 64": (randn(65, 64, dtype=torch.float16, device=device), weight, None),
         "must share one dtype": (randn(2, 64, dtype=torch.float32, device=device),
                                  weight.float(), None),
         "must end in K=64": (randn(2, 63, dtype=torch.float16, device=device), weight, None),
@@ -220,3 +254,32 @@ def test_contract_rejects_bad_inputs(op, provider):
     for words, args in bad.items():
         with pytest.raises(ContractError, match=f"skinny_gemm: .*{words}"):
             gemm(*args)
+
+
+def test_block_configs_follow_the_h100_sweep():
+    """``block_config`` and the wide tile's rule against the measurements they were drawn from
+    (benchmarks/results/skinny_gemm_sweep_session65_h100.json, 132 multiprocessors): at 3 rows
+    each shape's config is within 2.5% of the best swept one; at 40 rows the wide config is
+    within 1% of the probe's best, and ``wide_tile_pays`` says yes exactly where that best beat
+    cuBLAS."""
+    import json
+    from pathlib import Path
+
+    from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
+
+    path = (Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+            / "skinny_gemm_sweep_session65_h100.json")
+    shapes = json.loads(path.read_text())["shapes"]
+    assert len(shapes) == 6
+    for name, shape in shapes.items():
+        n, k = shape["N"], shape["K"]
+        swept = {tuple(c["config"]): c["us"] for c in shape["sweep_3_rows"]}
+        narrow = gemm_triton.block_config(n, k, 132)
+        assert swept[narrow] <= 1.025 * min(swept.values()), (name, narrow)
+        probe = shape["wide"]["40"]
+        best = {tuple(c["config"]): c["us"] for c in probe["best"]}
+        wide = gemm_triton.block_config(n, k, 132, block_m=64)
+        assert wide == gemm_triton.wide_block_config(n, k, 132)
+        assert best.get(wide, float("inf")) <= 1.01 * min(best.values()), (name, wide)
+        pays = min(best.values()) < probe["cublas_us"]
+        assert gemm_triton.wide_tile_pays(n, 132) == pays, name

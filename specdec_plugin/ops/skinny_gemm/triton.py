@@ -13,8 +13,14 @@ order; the benchmark sweeps it, the default config does not use it.) The tile is
 ``tl.dot`` of the padded rows ``[BLOCK_M, BLOCK_K]`` with ``[BLOCK_K, BLOCK_N]`` of the weight
 (read along K, its contiguous dimension, in 16-byte loads), accumulated in float32. The order
 of the accumulation depends only on K and the block sizes, never on the number of rows, and
-the block sizes depend only on the weight's shape: a row's result is the same whether it is
-multiplied alone (a plain decode step) or with others (a verification step).
+the block sizes depend only on the weight's shape and the row tile: a row's result is the same
+whether it is multiplied alone (a plain decode step) or with others (a verification step) of
+the same tile.
+
+Two row tiles, each one compiled variant per weight: ``BLOCK_M`` 16 for 1-16 rows, and 64 for
+17-64 rows (a batch-16 verification of 2 or 3 drafts multiplies 48 or 64). A row's bits may
+differ between the tiles (their tensor-core instructions differ), as cuBLAS's do between the
+kernels it picks by row count.
 """
 from __future__ import annotations
 
@@ -23,11 +29,11 @@ import triton
 import triton.language as tl
 
 from specdec_plugin.ops.gpu_props import cuda_index, sm_count
-from specdec_plugin.ops.skinny_gemm.validate import MAX_ROWS, check_skinny_gemm
+from specdec_plugin.ops.skinny_gemm.validate import MAX_ROWS, NARROW_ROWS, check_skinny_gemm
 
 
-# M (the row count) is not specialised on: one compiled kernel per weight shape serves 1-16
-# rows, so a batch size first seen after start-up compiles nothing.
+# M (the row count) is not specialised on: one compiled kernel per weight shape and row tile
+# serves all its row counts, so a batch size first seen after start-up compiles nothing.
 @triton.jit(do_not_specialize=["M"])
 def _skinny_gemm_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, part_ptr,
@@ -85,20 +91,57 @@ def _sum_splits_kernel(part_ptr, b_ptr, y_ptr, M, N, stride_ym,
     tl.store(y_ptr + row * stride_ym + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def block_config(out_features: int, in_features: int,
-                 num_sms: int) -> tuple[int, int, int, int, int]:
-    """``(BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K)`` for a weight's shape only (see
-    the doc), from the H100 sweep of session 65 (benchmarks/bench_skinny_gemm.py --sweep: 42
-    configs on the six 7B shapes, 3 rows). 32 columns and 128-wide K tiles per program won
-    or came within 2.2% of the winner on every shape. The pipeline depth is what depends on
-    the shape: 6 stages where the grid is about one wave (4,096-6,144 columns: qkv, o, down,
-    EAGLE-3's fc), 3 where it is several (gate_up, the LM head). K was never worth splitting.
-    Narrower blocks for small layers keep at least half the multiprocessors busy (not timed:
-    such products are short whatever their config)."""
+def tile_rows(rows: int) -> int:
+    """The row tile (``BLOCK_M``) that serves ``rows`` rows."""
+    return NARROW_ROWS if rows <= NARROW_ROWS else MAX_ROWS
+
+
+def block_config(out_features: int, in_features: int, num_sms: int,
+                 block_m: int = NARROW_ROWS) -> tuple[int, int, int, int, int]:
+    """``(BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K)`` for a weight's shape and row
+    tile only (see the doc). The 16-row tile's come from the H100 sweep of session 65
+    (benchmarks/bench_skinny_gemm.py --sweep: 42 configs on the six 7B shapes, 3 rows). 32
+    columns and 128-wide K tiles per program won or came within 2.2% of the winner on every
+    shape. The pipeline depth is what depends on the shape: 6 stages where the grid is about
+    one wave (4,096-6,144 columns: qkv, o, down, EAGLE-3's fc), 3 where it is several
+    (gate_up, the LM head). K was never worth splitting. Narrower blocks for small layers keep
+    at least half the multiprocessors busy (not timed: such products are short whatever their
+    config). The 64-row tile's: ``wide_block_config``."""
+    if block_m > NARROW_ROWS:
+        return wide_block_config(out_features, in_features, num_sms)
     block_n = 32 if triton.cdiv(out_features, 32) >= num_sms // 2 else 16
     block_k = 128 if in_features >= 128 else max(16, triton.next_power_of_2(in_features))
     many_waves = triton.cdiv(out_features, block_n) >= 4 * num_sms
     return block_n, block_k, 4, 3 if many_waves else 6, 1
+
+
+def wide_block_config(out_features: int, in_features: int,
+                      num_sms: int) -> tuple[int, int, int, int, int]:
+    """The 64-row tile's config, from session 65's H100 probe at 40 rows (``--wide``: 18
+    configs a shape). Where the columns fill a wave of 128-column programs (gate_up, the LM
+    head) those won, with 3 stages; where they fill half a wave of 64-column ones (qkv), those
+    with 4; otherwise (o, down, EAGLE-3's fc: 4,096 columns) 32 columns with 4 stages, the best
+    of the probe there, though slower than cuBLAS (``wide_tile_pays``)."""
+    block_k = 128 if in_features >= 128 else max(16, triton.next_power_of_2(in_features))
+    if triton.cdiv(out_features, 128) >= num_sms:
+        return 128, block_k, 4, 3, 1
+    block_n = 64 if triton.cdiv(out_features, 64) >= num_sms // 2 else 32
+    return block_n, block_k, 4, 4, 1
+
+
+def wide_tile_pays(out_features: int, num_sms: int) -> bool:
+    """Whether the 64-row tile beat cuBLAS for such a weight in session 65's H100 probe (40
+    rows, best config / cuBLAS): yes where a 32-column grid is more than one wave (qkv 0.955,
+    gate_up 0.947, the LM head 0.912), no where it is one wave or less (o 1.079, down 1.039,
+    EAGLE-3's fc 1.018)."""
+    return triton.cdiv(out_features, 32) > num_sms
+
+
+def max_rows_worth_it(weight: torch.Tensor) -> int:
+    """The most rows for which this kernel is expected to beat cuBLAS on ``weight`` (what P16
+    sends it, through the device layer): ``MAX_ROWS`` where the wide tile pays, else
+    ``NARROW_ROWS``."""
+    return MAX_ROWS if wide_tile_pays(weight.shape[0], _num_sms(weight.device)) else NARROW_ROWS
 
 
 def _num_sms(device: torch.device) -> int:
@@ -110,7 +153,9 @@ def _num_sms(device: torch.device) -> int:
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
     check_skinny_gemm(x, weight, bias)
-    return launch(x, weight, bias, block_config(*weight.shape, _num_sms(x.device)))
+    block_m = tile_rows(x.numel() // max(1, x.shape[-1]))
+    return launch(x, weight, bias, block_config(*weight.shape, _num_sms(x.device), block_m),
+                  block_m)
 
 
 def canonical_rows(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -130,11 +175,12 @@ def canonical_rows(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           config: tuple[int, int, int, int, int], block_m: int = MAX_ROWS) -> torch.Tensor:
-    """The kernel with a given block config, on validated inputs (the benchmark sweeps it).
-    ``block_m`` (a power of two, at least the row count) lets the benchmark probe more rows
-    than the op accepts (a batch-16 verification has 80): whether a wider tile would beat
-    cuBLAS there too."""
+           config: tuple[int, int, int, int, int],
+           block_m: int = NARROW_ROWS) -> torch.Tensor:
+    """The kernel with a given block config and row tile, on validated inputs (the benchmark
+    sweeps both). ``block_m`` (a power of two, at least the row count) may exceed the op's
+    tiles, so that the benchmark can probe more rows than the op accepts (a batch-16
+    verification of 4 drafts has 80)."""
     n, k = weight.shape
     rows = canonical_rows(x, k)
     m = rows.shape[0]

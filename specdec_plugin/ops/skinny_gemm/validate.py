@@ -6,7 +6,10 @@ import torch
 from specdec_plugin.ops.contract import fail
 
 _OP = "skinny_gemm"
-MAX_ROWS = 16
+# The kernel's two row tiles: up to 16 rows (decode and verification at batch 1-3), and up to
+# 64 (verification at batch 16: 16 requests x 1+2 or 1+3 tokens).
+NARROW_ROWS = 16
+MAX_ROWS = 64
 DTYPES = (torch.bfloat16, torch.float16)
 
 
