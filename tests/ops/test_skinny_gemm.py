@@ -128,33 +128,23 @@ def test_triton_wide_tile_matches_float32_product(nan_empty):
         gemm_triton.launch(x, weight, None, (32, 64, 4, 2, 1), block_m=32)
 
 
-def test_triton_rows_do_not_depend_on_the_batch(nan_empty):
-    """Row i of a 16-row product equals row i multiplied alone, to the bit: a decode step and a
-    verification step compute a token's projections identically."""
+@pytest.mark.parametrize("rows,slices", [
+    (16, ((0, 1), (5, 6), (15, 16), (2, 5))),  # the 16-row tile: decode against verification
+    (64, ((0, 17), (20, 48), (40, 64))),  # the 64-row tile: 17 to 64 rows (batch-16 steps)
+])
+def test_triton_rows_do_not_depend_on_the_batch(nan_empty, rows, slices):
+    """Within a row tile, a row multiplied alone or among fewer rows equals the same row of
+    the whole product, to the bit: a decode step and a verification step compute a token's
+    projections identically."""
     from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
 
     device = small_shape_device()
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     g = generator(11)
     weight = randn(96, 320, dtype=dtype, device=device, generator=g)
-    x = randn(16, 320, dtype=dtype, device=device, generator=g)
-    assert_rows_do_not_depend_on_the_batch(
-        gemm_triton.skinny_gemm, x, weight,
-        (slice(0, 1), slice(5, 6), slice(15, 16), slice(2, 5)))
-
-
-def test_triton_rows_do_not_depend_on_the_batch_in_the_wide_tile(nan_empty):
-    """The 64-row tile (17-64 rows, a batch-16 verification): a row among 17 equals the same
-    row among 64, to the bit."""
-    from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
-
-    device = small_shape_device()
-    dtype = torch.bfloat16 if device == "cuda" else torch.float16
-    g = generator(23)
-    weight = randn(96, 320, dtype=dtype, device=device, generator=g)
-    x = randn(64, 320, dtype=dtype, device=device, generator=g)
-    assert_rows_do_not_depend_on_the_batch(
-        gemm_triton.skinny_gemm, x, weight, (slice(0, 17), slice(20, 48), slice(40, 64)))
+    x = randn(rows, 320, dtype=dtype, device=device, generator=g)
+    assert_rows_do_not_depend_on_the_batch(gemm_triton.skinny_gemm, x, weight,
+                                           [slice(*pair) for pair in slices])
 
 
 @pytest.mark.gpu
