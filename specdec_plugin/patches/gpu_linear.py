@@ -17,9 +17,9 @@ recompile per side of the threshold); inside an opaque op it is a plain integer 
 each CUDA graph captures the choice for its own size.
 
 ``compile_variants`` launches the kernel once per weight shape and row tile of the loaded
-models at engine start (worker/kernel_warmup.py): a product that start-up never ran (seen on the H100,
-2026-12-07: a SmolLM2 EAGLE-3 engine compiled ``_skinny_gemm_kernel`` while serving) would
-otherwise compile in the middle of a request.
+models at engine start (worker/kernel_warmup.py): a product that start-up never ran (seen on
+the H100, 2026-12-07: a SmolLM2 EAGLE-3 engine compiled ``_skinny_gemm_kernel`` while
+serving) would otherwise compile in the middle of a request.
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def compile_variants(models: list[torch.nn.Module]) -> int:
     """Run the kernel once per row tile P16 uses (one random row, and ``NARROW_ROWS`` + 1
     where the weight's ``max_rows`` reaches the wide tile) for each distinct (weight shape,
     dtype, bias) among the modules of ``models`` whose product P16 sends to it; returns how
-    many products. Nothing (not even a walk of the modules) when P16 is not installed. One
+    many such weights. Nothing (not even a walk of the modules) when P16 is not installed. One
     row count per tile is enough: the kernel does not specialise on the row count, and
     ``ops/skinny_gemm/triton.py`` gives every input layout the same compiled variant."""
     if not _state:

@@ -1,8 +1,9 @@
 """The skinny GEMM compiles for sm_90 (H100/H200) here, without a GPU, for the block config each
-of the 7B benchmark model's linear shapes gets (and the 64-row tile's, where P16 uses it): its weight tiles stream through 16-byte
-asynchronous copies into shared memory (the software pipeline), the products are tensor-core
-MMAs, and a program's shared memory fits one multiprocessor's (227 KB on Hopper), so no config
-fails to launch for lack of it. tests/ops/sm90_compile_skinny_gemm.py does the compiling."""
+of the 7B benchmark model's linear shapes gets (and the 64-row tile's, where P16 uses it): its
+weight tiles stream through 16-byte asynchronous copies into shared memory (the software
+pipeline), the products are tensor-core MMAs, and a program's shared memory fits one
+multiprocessor's (227 KB on Hopper), so no config fails to launch for lack of it.
+tests/ops/sm90_compile_skinny_gemm.py does the compiling."""
 from __future__ import annotations
 
 import json
