@@ -112,7 +112,7 @@ def test_cuda_device_installs_p16_only_when_asked(monkeypatch):
     """SPECDEC_SKINNY_GEMM=1 installs P16 with the Triton provider and the CUDA accept and
     row-limit rules;
     unset (the default) or under vLLM's batch-invariant mode, nothing is installed."""
-    from specdec_plugin.device.cuda import CudaDevice, skinny_gemm_accepts, skinny_gemm_max_rows
+    from specdec_plugin.device.cuda import CudaDevice, skinny_gemm_accepts
     from specdec_plugin.ops.skinny_gemm import triton as gemm_triton
     from specdec_plugin.patches import gpu_linear
 
@@ -128,5 +128,5 @@ def test_cuda_device_installs_p16_only_when_asked(monkeypatch):
         if installed:
             kernel, accepts, max_rows, key = calls[0]
             assert kernel is gemm_triton.skinny_gemm and accepts is skinny_gemm_accepts
-            assert max_rows is skinny_gemm_max_rows
+            assert max_rows is gemm_triton.max_rows_worth_it
             assert key == "CUDA"

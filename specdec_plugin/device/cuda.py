@@ -18,14 +18,6 @@ def skinny_gemm_accepts(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
             and weight.stride(-1) == 1 and (bias is None or bias.dtype == x.dtype))
 
 
-def skinny_gemm_max_rows(weight: torch.Tensor) -> int:
-    """The most rows P16 gives the skinny GEMM on ``weight``: 16, or 64 where its wide tile
-    beat cuBLAS in the H100 probe (``ops/skinny_gemm/triton.py`` ``max_rows_worth_it``)."""
-    from specdec_plugin.ops.skinny_gemm.triton import max_rows_worth_it
-
-    return max_rows_worth_it(weight)
-
-
 class CudaDevice(DeviceLayer):
     name: ClassVar[str] = "cuda"
     torch_device_type: ClassVar[str] = "cuda"
@@ -170,10 +162,12 @@ class CudaDevice(DeviceLayer):
         if not envs.skinny_gemm() or vllm_envs.VLLM_BATCH_INVARIANT:
             return
         from specdec_plugin.ops.registry import get_kernel
+        from specdec_plugin.ops.skinny_gemm.triton import max_rows_worth_it
         from specdec_plugin.patches import gpu_linear
 
+        # Rows per weight: 16, or 64 where the kernel's wide tile beat cuBLAS on the H100.
         gpu_linear.apply(get_kernel("skinny_gemm", self.kernel_providers),
-                         skinny_gemm_accepts, skinny_gemm_max_rows, self.dispatch_key)
+                         skinny_gemm_accepts, max_rows_worth_it, self.dispatch_key)
 
     def measures_memory(self) -> bool:
         return True

@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from specdec_plugin.ops.skinny_gemm.validate import NARROW_ROWS
+from specdec_plugin.ops.skinny_gemm.validate import NARROW_ROWS, row_count
 
 _state: dict = {}
 _LIB_NAME = "specdec"
@@ -36,7 +36,7 @@ _LIB_NAME = "specdec"
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
-    if x.numel() // max(1, x.shape[-1]) <= _state["max_rows"](weight):
+    if row_count(x) <= _state["max_rows"](weight):
         return _state["kernel"](x, weight, bias)
     return F.linear(x, weight, bias)
 

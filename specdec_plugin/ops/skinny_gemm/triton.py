@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 
 from specdec_plugin.ops.gpu_props import cuda_index, sm_count
-from specdec_plugin.ops.skinny_gemm.validate import MAX_ROWS, NARROW_ROWS, check_skinny_gemm
+from specdec_plugin.ops.skinny_gemm.validate import (MAX_ROWS, NARROW_ROWS, check_skinny_gemm,
+                                                     row_count)
 
 
 # M (the row count) is not specialised on: one compiled kernel per weight shape and row tile
@@ -153,7 +154,7 @@ def _num_sms(device: torch.device) -> int:
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
     check_skinny_gemm(x, weight, bias)
-    block_m = tile_rows(x.numel() // max(1, x.shape[-1]))
+    block_m = tile_rows(row_count(x))
     return launch(x, weight, bias, block_config(*weight.shape, _num_sms(x.device), block_m),
                   block_m)
 

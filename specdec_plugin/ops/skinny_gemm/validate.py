@@ -13,6 +13,11 @@ MAX_ROWS = 64
 DTYPES = (torch.bfloat16, torch.float16)
 
 
+def row_count(x: torch.Tensor) -> int:
+    """The token rows of ``x`` ``[..., K]``: every dimension but the last."""
+    return x.numel() // max(1, x.shape[-1])
+
+
 def check_skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     if weight.dim() != 2 or weight.stride(-1) != 1:
         fail(_OP, f"weight must be [N, K] with unit stride along K, got {tuple(weight.shape)} "
@@ -22,7 +27,7 @@ def check_skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
                   f"{weight.dtype}")
     if x.dim() == 0 or x.shape[-1] != weight.shape[1]:
         fail(_OP, f"x {tuple(x.shape)} must end in K={weight.shape[1]}")
-    rows = x.numel() // max(1, x.shape[-1])
+    rows = row_count(x)
     if rows > MAX_ROWS:
         fail(_OP, f"x has {rows} rows, more than {MAX_ROWS}: use a general GEMM")
     if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != x.dtype):
